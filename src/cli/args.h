@@ -1,0 +1,37 @@
+// Minimal command-line option parsing for the lily subcommands.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace lily {
+
+struct OptionSpec {
+  std::string name;  // without the leading "--"
+  bool takes_value = true;
+  std::string help;
+};
+
+// Parsed `--name value` / `--flag` options. Unknown options, missing values and repeated
+// options throw InputError (exit code 2).
+class Args {
+ public:
+  Args(const std::vector<std::string>& argv, const std::vector<OptionSpec>& spec);
+
+  bool has(const std::string& name) const { return values_.count(name) != 0; }
+  std::string required(const std::string& name) const;
+  std::optional<std::string> get(const std::string& name) const;
+  // Integer option in [min, max]; `fallback` when absent.
+  uint64_t uint_or(const std::string& name, uint64_t fallback, uint64_t min, uint64_t max) const;
+
+ private:
+  std::map<std::string, std::string> values_;
+};
+
+// "  --name VALUE   help" lines for usage messages.
+std::string describe_options(const std::vector<OptionSpec>& spec);
+
+}  // namespace lily

@@ -1,0 +1,12 @@
+// The lily subcommands, each taking its arguments after the subcommand name.
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace lily {
+
+int cmd_inspect(const std::vector<std::string>& args);
+int cmd_make_checkpoint(const std::vector<std::string>& args);
+
+}  // namespace lily
