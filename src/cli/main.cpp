@@ -2,6 +2,7 @@
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "cli/commands.h"
@@ -9,33 +10,47 @@
 
 namespace {
 
-constexpr const char* kUsage =
-    "usage: lily <command> [options]\n"
-    "\n"
-    "commands:\n"
-    "  inspect          --model DIR [--json]      validate a checkpoint and print its summary\n"
-    "  make-checkpoint  --profile tiny|full --seed N --out DIR\n"
-    "                                             write a synthetic checkpoint (MLX layout)\n"
-    "\n"
-    "exit codes: 0 success, 2 bad input or usage, other values internal faults\n";
+struct Command {
+  std::string_view name;
+  int (*run)(const std::vector<std::string>&);
+  std::string_view synopsis;
+};
+
+// One line per subcommand (product.md, "Command line").
+constexpr Command kCommands[] = {
+    {"inspect", lily::cmd_inspect, "--model DIR [--json]   validate a checkpoint, print its summary"},
+    {"make-checkpoint", lily::cmd_make_checkpoint,
+     "--profile tiny|full --seed N --out DIR   write a synthetic checkpoint (MLX layout)"},
+};
+
+void print_usage(FILE* out) {
+  std::fputs("usage: lily <command> [options]\n\ncommands:\n", out);
+  for (const Command& c : kCommands) {
+    std::fprintf(out, "  %-16.*s %.*s\n", static_cast<int>(c.name.size()), c.name.data(),
+                 static_cast<int>(c.synopsis.size()), c.synopsis.data());
+  }
+  std::fputs("\nexit codes: 0 success, 2 bad input or usage, other values internal faults\n", out);
+}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fputs(kUsage, stderr);
+    print_usage(stderr);
     return 2;
   }
   const std::string command = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
+  if (command == "--help" || command == "-h" || command == "help") {
+    print_usage(stdout);
+    return 0;
+  }
   try {
-    if (command == "inspect") return lily::cmd_inspect(args);
-    if (command == "make-checkpoint") return lily::cmd_make_checkpoint(args);
-    if (command == "--help" || command == "-h" || command == "help") {
-      std::fputs(kUsage, stdout);
-      return 0;
+    for (const Command& c : kCommands) {
+      if (c.name == command) return c.run(args);
     }
-    std::fprintf(stderr, "error: unknown command \"%s\"\n%s", command.c_str(), kUsage);
+    std::fprintf(stderr, "error: unknown command \"%s\"\n", command.c_str());
+    print_usage(stderr);
     return 2;
   } catch (const lily::InputError& error) {
     std::fprintf(stderr, "error: %s\n", error.what());
