@@ -285,9 +285,31 @@ ModelConfig parse_model_config(const Json& config, const std::string& where) {
   check_optional_equal(text, "norm_topk_prob", true, tw);
   check_optional_equal(text, "mlp_only_layers", Json::array(), tw);
   check_optional_equal(text, "full_attention_interval", 4, tw);
+  check_optional_equal(text, "decoder_sparse_step", 1, tw);
+  check_optional_equal(text, "mamba_ssm_dtype", "float32", tw);
+  check_optional_equal(text, "use_sliding_window", false, tw);
+  // Text positions are equal on all three mRoPE axes, so the sections do not change the
+  // math; still, a different rope type or layout means a different model.
+  check_optional_equal(rope, "rope_type", "default", tw + ".rope_parameters");
+  check_optional_equal(rope, "mrope_interleaved", true, tw + ".rope_parameters");
+  check_optional_equal(rope, "mrope_section", Json::array({11, 11, 10}), tw + ".rope_parameters");
   check_optional_equal(config, "tie_word_embeddings", false, where);
+  if (auto arch = config.find("architectures"); arch != config.end()) {
+    if (*arch != Json::array({"Qwen3_5MoeForConditionalGeneration"}) &&
+        *arch != Json::array({"Qwen3_5MoeForCausalLM"})) {
+      throw InputError(where + ": architectures is " + describe_json(*arch) +
+                       ", expected [\"Qwen3_5MoeForConditionalGeneration\"]");
+    }
+  }
 
   check_quantization(config, found, where);
+  // mlx writes the same block twice; a disagreement would make the file ambiguous.
+  if (auto copy = config.find("quantization_config"); copy != config.end()) {
+    if (auto quant = config.find("quantization"); quant != config.end() && *copy != *quant) {
+      throw InputError(where + ": quantization_config differs from quantization; expected "
+                       "the same block (mlx writes both)");
+    }
+  }
 
   ModelConfig result;
   result.profile = profile;
