@@ -248,10 +248,6 @@ ModelConfig parse_model_config(const Json& config, const std::string& where) {
   if (!layer_types.is_array()) {
     throw InputError(tw + ".layer_types is " + describe_json(layer_types) + ", expected a list");
   }
-  if (layer_types.size() != found.num_layers) {
-    throw InputError(tw + ".layer_types has " + std::to_string(layer_types.size()) +
-                     " entries for " + std::to_string(found.num_layers) + " layers");
-  }
 
   const ModelShape expected = profile == Profile::tiny ? ModelShape::tiny() : ModelShape::production();
   if (auto diff = first_difference(found, expected)) {
@@ -267,6 +263,11 @@ ModelConfig parse_model_config(const Json& config, const std::string& where) {
       message += " (the \"lily_test_profile\": \"tiny\" marker is on the production shape)";
     }
     throw InputError(message);
+  }
+  // After the shape check, so a wrong num_hidden_layers is reported as such.
+  if (layer_types.size() != found.num_layers) {
+    throw InputError(tw + ".layer_types has " + std::to_string(layer_types.size()) +
+                     " entries for " + std::to_string(found.num_layers) + " layers");
   }
   for (uint64_t i = 0; i < found.num_layers; ++i) {
     const char* want = layer_kind_name(ModelShape::layer_kind(i));

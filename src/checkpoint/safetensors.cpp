@@ -215,8 +215,8 @@ std::map<std::string, std::string> parse_safetensors_index(std::string_view text
     const std::string file = shard.get<std::string>();
     if (file.empty() || file == "." || file == ".." || file.find('/') != std::string::npos ||
         file.find('\\') != std::string::npos || file.find('\0') != std::string::npos) {
-      throw InputError(where + ".weight_map[\"" + tensor + "\"] is \"" + file +
-                       "\", expected a plain file name inside the model directory");
+      throw InputError(where + ".weight_map[\"" + tensor + "\"] is " + describe_json(shard) +
+                       ", expected a plain file name inside the model directory");
     }
     result.emplace(tensor, file);
   }

@@ -8,5 +8,8 @@ namespace lily {
 
 int cmd_inspect(const std::vector<std::string>& args);
 int cmd_make_checkpoint(const std::vector<std::string>& args);
+int cmd_tokenize(const std::vector<std::string>& args);
+int cmd_run(const std::vector<std::string>& args);
+int cmd_render_chat(const std::vector<std::string>& args);
 
 }  // namespace lily

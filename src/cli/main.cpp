@@ -21,6 +21,10 @@ constexpr Command kCommands[] = {
     {"inspect", lily::cmd_inspect, "--model DIR [--json]   validate a checkpoint, print its summary"},
     {"make-checkpoint", lily::cmd_make_checkpoint,
      "--profile tiny|full --seed N --out DIR   write a synthetic checkpoint (MLX layout)"},
+    {"tokenize", lily::cmd_tokenize, "--tokenizer FILE [--decode]   JSON lines: text <-> token ids"},
+    {"run", lily::cmd_run,
+     "--model DIR --prompt-ids 1,2,3 [--max-tokens N] [--top-logits K]   greedy generation"},
+    {"render-chat", lily::cmd_render_chat, "< messages.jsonl   one rendered prompt per input line"},
 };
 
 void print_usage(FILE* out) {

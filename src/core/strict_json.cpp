@@ -1,6 +1,7 @@
 // Strict JSON parsing: nesting-depth cap, duplicate keys rejected, typed field access.
 #include "core/strict_json.h"
 
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -27,6 +28,11 @@ std::string join(std::string_view a, std::string_view b) {
 }  // namespace
 
 Json parse_strict_json(std::string_view text, std::string_view what, int max_depth) {
+  // nlohmann's lexer takes a NUL byte for the end of input and ignores what follows; a raw
+  // NUL is never valid JSON (control characters must be escaped), so refuse it here.
+  if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
+    throw InputError(join(what, "not valid JSON: NUL byte at offset " + std::to_string(nul)));
+  }
   // One set of seen keys per open object; the parser is iterative, so the depth cap
   // bounds this stack and the DOM, not the C++ call stack.
   std::vector<std::set<std::string>> open_objects;
@@ -66,6 +72,12 @@ Json parse_strict_json(std::string_view text, std::string_view what, int max_dep
 }
 
 Json read_strict_json_file(const std::string& path, uint64_t max_bytes, int max_depth) {
+  // Opening a FIFO would block and a directory reports a bogus size: refuse both first.
+  std::error_code ec;
+  const auto status = std::filesystem::status(path, ec);
+  if (std::filesystem::exists(status) && !std::filesystem::is_regular_file(status)) {
+    throw InputError(path + ": not a regular file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError("cannot open " + path);
   in.seekg(0, std::ios::end);

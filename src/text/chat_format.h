@@ -1,4 +1,4 @@
-// The native chat format: the checkpoint's chat template (no tools) plus Lily's nothink history rewrite.
+// Native chat format: the checkpoint chat template (no tools) plus Lily's nothink history rewrite.
 #pragma once
 
 #include <optional>

@@ -1,0 +1,124 @@
+// The backend interface: the coarse ops the model graph is written against, with contracts.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "checkpoint/weights.h"
+
+namespace lily {
+
+// Sizes the attention and Gated DeltaNet ops need, from the model shape.
+struct AttentionDims {
+  int64_t q_heads = 0;     // 16 (tiny 8)
+  int64_t kv_heads = 0;    // 2 (tiny 1); query head h reads kv head h / (q_heads / kv_heads)
+  int64_t head_dim = 0;    // 256
+  int64_t rotary_dim = 0;  // 64: NeoX rotate-half over the first rotary_dim dims
+  double rope_theta = 0;   // 1e7
+};
+
+struct GatedDeltaNetDims {
+  int64_t key_heads = 0;    // 16 (tiny 2)
+  int64_t value_heads = 0;  // 32 (tiny 4); value head h reads key head h / (value_heads / key_heads)
+  int64_t key_dim = 0;      // 128
+  int64_t value_dim = 0;    // 128
+  int64_t conv_kernel = 0;  // 4
+  int64_t channels() const { return 2 * key_heads * key_dim + value_heads * value_dim; }
+};
+
+// All activations are f32, row-major, in memory the backend allocated (host memory for the
+// CPU backend, device memory for CUDA). Weights are the checkpoint views of weights.h; a
+// device backend uploads them once (`prepare`) and resolves views to its copies. Every op
+// validates its arguments and throws std::invalid_argument for what it cannot serve:
+// there are no silent fallbacks. Norm gains named "baked" are the stored zero-centred
+// norms with the +1 already in the weight (gain = stored value).
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual int threads() const = 0;
+
+  // Called once with the weights before any op uses them.
+  virtual void prepare(const ModelWeights& weights) = 0;
+  // Zero-filled f32 buffer of `count` values, owned by the backend until it is destroyed.
+  virtual float* alloc(size_t count) = 0;
+  virtual int32_t* alloc_i32(size_t count) = 0;
+  virtual void zero(float* buffer, size_t count) = 0;
+  virtual void copy_to_host(const float* src, size_t count, float* host_dst) = 0;
+  virtual void copy_from_host(const int32_t* host_src, size_t count, int32_t* dst) = 0;
+  virtual void copy_to_host_i32(const int32_t* src, size_t count, int32_t* host_dst) = 0;
+
+  // out[t, :] = dequant(table row ids[t]).            ids [n] i32 < table.rows(); out [n, in]
+  virtual void embed(const QuantView& table, const int32_t* ids, int64_t n, float* out) = 0;
+
+  // y[t, r] = sum_c W[row_begin + r, c] x[t, c]        x [n, in], y [n, rows] (Q4 or Q8)
+  virtual void matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x,
+                      int64_t n, float* y) = 0;
+
+  // out = x / sqrt(mean(x^2) + eps) * gain             x, out [n, dim]; gain BF16 [dim], baked
+  virtual void rms_norm(const float* x, const DenseView& gain, int64_t n, int64_t dim, float eps,
+                        float* out) = 0;
+
+  // residual += delta; out = rms_norm(residual)        residual, delta, out [n, dim]
+  virtual void add_rms_norm(float* residual, const float* delta, const DenseView& gain,
+                            int64_t n, int64_t dim, float eps, float* out) = 0;
+
+  // In place on the q_proj output qg [n, q_heads, 2, head_dim] (query then gate per head) and
+  // k [n, kv_heads, head_dim]: zero-centred RMSNorm of each query and key head (baked gains
+  // [head_dim]), then RoPE at positions start_pos + t.
+  virtual void attention_prepare(float* qg, float* k, const DenseView& q_norm,
+                                 const DenseView& k_norm, const AttentionDims& dims,
+                                 int64_t start_pos, int64_t n, float eps) = 0;
+
+  // Writes k, v [n, kv_heads, head_dim] into the caches [capacity, kv_heads, head_dim] at
+  // rows start_pos.., then causal attention of each query (read from qg) over cache rows
+  // 0..start_pos+t, scaled by 1/sqrt(head_dim), times sigmoid(gate).  out [n, q_heads*head_dim]
+  virtual void attention(const float* qg, const float* k, const float* v, float* k_cache,
+                         float* v_cache, int64_t capacity, const AttentionDims& dims,
+                         int64_t start_pos, int64_t n, float* out) = 0;
+
+  // Causal depthwise conv over time with the cached last K-1 inputs, then SiLU.
+  // mixed, out [n, C]; window [K-1, C] (oldest first) is updated; weight BF16 [C, K] taps
+  // (tap K-1 multiplies the current token).
+  virtual void conv1d_silu(const float* mixed, float* window, const DenseView& weight,
+                           const GatedDeltaNetDims& dims, int64_t n, float* out) = 0;
+
+  // Gated delta rule over n tokens, sequentially, from conv output [n, C] = q | k | v.
+  // beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias); q, k L2-normalised, q / sqrt(Dk);
+  // per value head: S = exp(g) S; S += k (beta (v - S^T k))^T; o = S^T q.
+  // a, b [n, value_heads]; state [value_heads, key_dim, value_dim] f32; out [n, value_heads, value_dim]
+  virtual void gated_delta_rule(const float* conv, const float* a, const float* b,
+                                const DenseView& a_log, const DenseView& dt_bias, float* state,
+                                const GatedDeltaNetDims& dims, int64_t n, float* out) = 0;
+
+  // out = rms_norm(x per head) * gain * silu(z)        x, z, out [rows, dim]; gain [dim] plain
+  virtual void gated_rms_norm(const float* x, const float* z, const DenseView& gain,
+                              int64_t rows, int64_t dim, float eps, float* out) = 0;
+
+  // softmax over E logits, top-k (ties: lower expert id first), weights renormalised to sum 1.
+  // logits [n, E]; ids [n, k] i32; weights [n, k]
+  virtual void moe_route(const float* logits, int64_t n, int64_t experts, int64_t k, int32_t* ids,
+                         float* weights) = 0;
+
+  // h[t, j, :] = silu(G_e x[t]) * U_e x[t] with e = ids[t, j] (rows e*I .. e*I+I of the
+  // stacked gate/up weights).  x [n, in]; ids [n, k] (nullptr: expert 0); h [n, k, I]
+  virtual void expert_swiglu(const QuantView& gate, const QuantView& up, const float* x,
+                             const int32_t* ids, int64_t n, int64_t k, float* h) = 0;
+
+  // out[t] = sum_j weights[t, j] D_{ids[t,j]} h[t, j] + sigmoid(shared_logit[t]) D_s shared_h[t]
+  // h [n, k, I]; shared_h [n, S]; shared_logit [n]; out [n, H]
+  virtual void expert_down_combine(const QuantView& down, const float* h, const int32_t* ids,
+                                   const float* weights, int64_t n, int64_t k,
+                                   const QuantView& shared_down, const float* shared_h,
+                                   const float* shared_logit, float* out) = 0;
+
+  // out[t] = index of the largest logit (lowest index on ties).  logits [n, V]; out [n]
+  virtual void argmax(const float* logits, int64_t n, int64_t vocab, int32_t* out) = 0;
+};
+
+// The CPU backend (src/backend/cpu). threads = 0: all cores.
+std::unique_ptr<Backend> make_cpu_backend(int threads);
+
+}  // namespace lily

@@ -1,0 +1,128 @@
+// CPU gated full attention: q/k zero-centred norm, partial NeoX RoPE, KV cache, causal softmax.
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_kernels.h"
+
+namespace lily {
+
+namespace {
+
+void norm_in_place(float* x, const DenseView& gain, int64_t dim, float eps) {
+  float sum_sq = 0.0f;
+  for (int64_t i = 0; i < dim; ++i) sum_sq += x[i] * x[i];
+  const float inv = 1.0f / std::sqrt(sum_sq / static_cast<float>(dim) + eps);
+  for (int64_t i = 0; i < dim; ++i) x[i] = x[i] * inv * cpu::dense_value(gain, i);
+}
+
+// Rotate-half RoPE over the first `rotary` dims: pairs (i, i + rotary/2). The angle is formed
+// in f32 (inv_freq * position) exactly as transformers does, then its cos/sin are exact.
+void rope_in_place(float* x, const float* cos_table, const float* sin_table, int64_t rotary) {
+  const int64_t half = rotary / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = x[i];
+    const float b = x[i + half];
+    x[i] = a * cos_table[i] - b * sin_table[i];
+    x[i + half] = b * cos_table[i] + a * sin_table[i];
+  }
+}
+
+void rope_tables(const AttentionDims& dims, int64_t position, float* cos_table, float* sin_table) {
+  const int64_t half = dims.rotary_dim / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(dims.rotary_dim);
+    const float inv_freq = 1.0f / std::pow(static_cast<float>(dims.rope_theta), exponent);
+    const float angle = inv_freq * static_cast<float>(position);
+    cos_table[i] = static_cast<float>(std::cos(static_cast<double>(angle)));
+    sin_table[i] = static_cast<float>(std::sin(static_cast<double>(angle)));
+  }
+}
+
+void check_dims(const AttentionDims& d, const char* op) {
+  cpu::require(d.q_heads > 0 && d.kv_heads > 0 && d.q_heads % d.kv_heads == 0, op,
+               "q_heads must be a positive multiple of kv_heads");
+  cpu::require(d.head_dim > 0 && d.rotary_dim > 0 && d.rotary_dim % 2 == 0 &&
+                   d.rotary_dim <= d.head_dim,
+               op, "rotary_dim must be even and within head_dim");
+}
+
+}  // namespace
+
+void CpuBackend::attention_prepare(float* qg, float* k, const DenseView& q_norm,
+                                   const DenseView& k_norm, const AttentionDims& dims,
+                                   int64_t start_pos, int64_t n, float eps) {
+  check_dims(dims, "attention_prepare");
+  const int64_t D = dims.head_dim;
+  cpu::require(q_norm.shape.size() == 1 && static_cast<int64_t>(q_norm.shape[0]) == D &&
+                   k_norm.shape.size() == 1 && static_cast<int64_t>(k_norm.shape[0]) == D,
+               "attention_prepare", "q_norm and k_norm must have head_dim entries");
+  pool_.parallel_for(n, [&](int64_t begin, int64_t end) {
+    std::vector<float> cos_table(static_cast<size_t>(dims.rotary_dim / 2));
+    std::vector<float> sin_table(cos_table.size());
+    for (int64_t t = begin; t < end; ++t) {
+      rope_tables(dims, start_pos + t, cos_table.data(), sin_table.data());
+      for (int64_t h = 0; h < dims.q_heads; ++h) {
+        float* q = qg + (t * dims.q_heads + h) * 2 * D;  // query half; the gate follows it
+        norm_in_place(q, q_norm, D, eps);
+        rope_in_place(q, cos_table.data(), sin_table.data(), dims.rotary_dim);
+      }
+      for (int64_t h = 0; h < dims.kv_heads; ++h) {
+        float* kh = k + (t * dims.kv_heads + h) * D;
+        norm_in_place(kh, k_norm, D, eps);
+        rope_in_place(kh, cos_table.data(), sin_table.data(), dims.rotary_dim);
+      }
+    }
+  });
+}
+
+void CpuBackend::attention(const float* qg, const float* k, const float* v, float* k_cache,
+                           float* v_cache, int64_t capacity, const AttentionDims& dims,
+                           int64_t start_pos, int64_t n, float* out) {
+  check_dims(dims, "attention");
+  cpu::require(start_pos >= 0 && n > 0 && start_pos + n <= capacity, "attention",
+               "positions [" + std::to_string(start_pos) + ", " + std::to_string(start_pos + n) +
+                   ") exceed the KV cache capacity " + std::to_string(capacity));
+  const int64_t D = dims.head_dim;
+  const int64_t row = dims.kv_heads * D;
+  for (int64_t t = 0; t < n; ++t) {
+    std::copy(k + t * row, k + (t + 1) * row, k_cache + (start_pos + t) * row);
+    std::copy(v + t * row, v + (t + 1) * row, v_cache + (start_pos + t) * row);
+  }
+  const int64_t group = dims.q_heads / dims.kv_heads;
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  pool_.parallel_for(n * dims.q_heads, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(static_cast<size_t>(start_pos + n));
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t t = item / dims.q_heads;
+      const int64_t h = item % dims.q_heads;
+      const int64_t kvh = h / group;
+      const float* q = qg + (t * dims.q_heads + h) * 2 * D;
+      const float* gate = q + D;
+      const int64_t last = start_pos + t;  // causal: keys 0..last
+      float max = -INFINITY;
+      for (int64_t j = 0; j <= last; ++j) {
+        const float* kj = k_cache + j * row + kvh * D;
+        float dot = 0.0f;
+        for (int64_t i = 0; i < D; ++i) dot += q[i] * kj[i];
+        scores[static_cast<size_t>(j)] = dot * scale;
+        max = std::max(max, scores[static_cast<size_t>(j)]);
+      }
+      float total = 0.0f;
+      for (int64_t j = 0; j <= last; ++j) {
+        scores[static_cast<size_t>(j)] = std::exp(scores[static_cast<size_t>(j)] - max);
+        total += scores[static_cast<size_t>(j)];
+      }
+      float* o = out + (t * dims.q_heads + h) * D;
+      std::fill(o, o + D, 0.0f);
+      for (int64_t j = 0; j <= last; ++j) {
+        const float w = scores[static_cast<size_t>(j)] / total;
+        const float* vj = v_cache + j * row + kvh * D;
+        for (int64_t i = 0; i < D; ++i) o[i] += w * vj[i];
+      }
+      for (int64_t i = 0; i < D; ++i) o[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
+    }
+  });
+}
+
+}  // namespace lily

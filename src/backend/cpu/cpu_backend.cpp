@@ -1,0 +1,128 @@
+// The CPU backend: allocation, norms, routing and argmax (the other ops have their own files).
+#include "backend/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "backend/cpu/cpu_kernels.h"
+
+namespace lily {
+
+std::unique_ptr<Backend> make_cpu_backend(int threads) {
+  return std::make_unique<CpuBackend>(threads);
+}
+
+void CpuBackend::prepare(const ModelWeights& weights) {
+  // The CPU reads the quantized weights in place from the mapping: nothing to upload.
+  cpu::check_quant(weights.embed, "prepare");
+  cpu::check_quant(weights.lm_head, "prepare");
+}
+
+float* CpuBackend::alloc(size_t count) { return buffers_.emplace_back(count, 0.0f).data(); }
+int32_t* CpuBackend::alloc_i32(size_t count) { return int_buffers_.emplace_back(count, 0).data(); }
+void CpuBackend::zero(float* buffer, size_t count) { std::fill(buffer, buffer + count, 0.0f); }
+void CpuBackend::copy_to_host(const float* src, size_t count, float* host_dst) {
+  std::copy(src, src + count, host_dst);
+}
+void CpuBackend::copy_from_host(const int32_t* host_src, size_t count, int32_t* dst) {
+  std::copy(host_src, host_src + count, dst);
+}
+void CpuBackend::copy_to_host_i32(const int32_t* src, size_t count, int32_t* host_dst) {
+  std::copy(src, src + count, host_dst);
+}
+
+namespace {
+
+void check_gain(const DenseView& gain, int64_t dim, const char* op) {
+  cpu::require(gain.data != nullptr && gain.shape.size() == 1 &&
+                   static_cast<int64_t>(gain.shape[0]) == dim &&
+                   (gain.dtype == DType::BF16 || gain.dtype == DType::F32),
+               op, "gain " + gain.name + " must be a BF16/F32 vector of " + std::to_string(dim));
+}
+
+void normalize_row(const float* x, const DenseView& gain, int64_t dim, float eps, float* out) {
+  float sum_sq = 0.0f;
+  for (int64_t i = 0; i < dim; ++i) sum_sq += x[i] * x[i];
+  const float inv = 1.0f / std::sqrt(sum_sq / static_cast<float>(dim) + eps);
+  for (int64_t i = 0; i < dim; ++i) out[i] = x[i] * inv * cpu::dense_value(gain, i);
+}
+
+}  // namespace
+
+void CpuBackend::rms_norm(const float* x, const DenseView& gain, int64_t n, int64_t dim,
+                          float eps, float* out) {
+  check_gain(gain, dim, "rms_norm");
+  pool_.parallel_for(n, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) normalize_row(x + t * dim, gain, dim, eps, out + t * dim);
+  });
+}
+
+void CpuBackend::add_rms_norm(float* residual, const float* delta, const DenseView& gain,
+                              int64_t n, int64_t dim, float eps, float* out) {
+  check_gain(gain, dim, "add_rms_norm");
+  pool_.parallel_for(n, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      float* r = residual + t * dim;
+      for (int64_t i = 0; i < dim; ++i) r[i] += delta[t * dim + i];
+      normalize_row(r, gain, dim, eps, out + t * dim);
+    }
+  });
+}
+
+void CpuBackend::gated_rms_norm(const float* x, const float* z, const DenseView& gain,
+                                int64_t rows, int64_t dim, float eps, float* out) {
+  check_gain(gain, dim, "gated_rms_norm");
+  pool_.parallel_for(rows, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      normalize_row(x + r * dim, gain, dim, eps, out + r * dim);
+      for (int64_t i = 0; i < dim; ++i) {
+        const float g = z[r * dim + i];
+        out[r * dim + i] *= g / (1.0f + std::exp(-g));
+      }
+    }
+  });
+}
+
+void CpuBackend::moe_route(const float* logits, int64_t n, int64_t experts, int64_t k,
+                           int32_t* ids, float* weights) {
+  cpu::require(k > 0 && k <= experts, "moe_route", "k must be in [1, experts]");
+  std::vector<float> probs(static_cast<size_t>(experts));
+  std::vector<int32_t> order(static_cast<size_t>(experts));
+  for (int64_t t = 0; t < n; ++t) {
+    const float* l = logits + t * experts;
+    const float max = *std::max_element(l, l + experts);
+    float total = 0.0f;
+    for (int64_t e = 0; e < experts; ++e) {
+      probs[static_cast<size_t>(e)] = std::exp(l[e] - max);
+      total += probs[static_cast<size_t>(e)];
+    }
+    std::iota(order.begin(), order.end(), 0);
+    // Larger probability first; equal probabilities keep the lower expert id first.
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+      const float pa = probs[static_cast<size_t>(a)];
+      const float pb = probs[static_cast<size_t>(b)];
+      return pa != pb ? pa > pb : a < b;
+    });
+    float top_total = 0.0f;
+    for (int64_t j = 0; j < k; ++j) top_total += probs[static_cast<size_t>(order[static_cast<size_t>(j)])] / total;
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = order[static_cast<size_t>(j)];
+      ids[t * k + j] = e;
+      weights[t * k + j] = probs[static_cast<size_t>(e)] / total / top_total;
+    }
+  }
+}
+
+void CpuBackend::argmax(const float* logits, int64_t n, int64_t vocab, int32_t* out) {
+  for (int64_t t = 0; t < n; ++t) {
+    const float* l = logits + t * vocab;
+    int64_t best = 0;
+    for (int64_t i = 1; i < vocab; ++i) {
+      if (l[i] > l[best]) best = i;  // strict: the lowest index wins ties
+    }
+    out[t] = static_cast<int32_t>(best);
+  }
+}
+
+}  // namespace lily

@@ -1,0 +1,110 @@
+// CPU Gated DeltaNet: causal depthwise conv + SiLU, and the gated delta rule recurrence.
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_kernels.h"
+
+namespace lily {
+
+namespace {
+
+float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
+
+void l2_normalize(float* x, int64_t dim) {
+  float sum_sq = 0.0f;
+  for (int64_t i = 0; i < dim; ++i) sum_sq += x[i] * x[i];
+  const float inv = 1.0f / std::sqrt(sum_sq + 1e-6f);
+  for (int64_t i = 0; i < dim; ++i) x[i] *= inv;
+}
+
+void check_dims(const GatedDeltaNetDims& d, const char* op) {
+  cpu::require(d.key_heads > 0 && d.value_heads % d.key_heads == 0 && d.key_dim > 0 &&
+                   d.value_dim > 0 && d.conv_kernel >= 2,
+               op, "inconsistent Gated DeltaNet dimensions");
+}
+
+}  // namespace
+
+void CpuBackend::conv1d_silu(const float* mixed, float* window, const DenseView& weight,
+                             const GatedDeltaNetDims& dims, int64_t n, float* out) {
+  check_dims(dims, "conv1d_silu");
+  const int64_t C = dims.channels();
+  const int64_t K = dims.conv_kernel;
+  cpu::require(weight.nbytes == static_cast<uint64_t>(C * K) * 2 && weight.dtype == DType::BF16,
+               "conv1d_silu", "weight must be BF16 with channels x kernel taps");
+  pool_.parallel_for(C, [&](int64_t begin, int64_t end) {
+    std::vector<float> taps(static_cast<size_t>(K));
+    std::vector<float> history(static_cast<size_t>(K - 1 + n));
+    for (int64_t c = begin; c < end; ++c) {
+      for (int64_t j = 0; j < K; ++j) taps[static_cast<size_t>(j)] = cpu::dense_value(weight, c * K + j);
+      // history = the cached K-1 inputs, then this chunk's inputs, for channel c.
+      for (int64_t j = 0; j < K - 1; ++j) history[static_cast<size_t>(j)] = window[j * C + c];
+      for (int64_t t = 0; t < n; ++t) history[static_cast<size_t>(K - 1 + t)] = mixed[t * C + c];
+      for (int64_t t = 0; t < n; ++t) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < K; ++j) acc += taps[static_cast<size_t>(j)] * history[static_cast<size_t>(t + j)];
+        out[t * C + c] = acc / (1.0f + std::exp(-acc));
+      }
+      for (int64_t j = 0; j < K - 1; ++j) window[j * C + c] = history[static_cast<size_t>(n + j)];
+    }
+  });
+}
+
+void CpuBackend::gated_delta_rule(const float* conv, const float* a, const float* b,
+                                  const DenseView& a_log, const DenseView& dt_bias, float* state,
+                                  const GatedDeltaNetDims& dims, int64_t n, float* out) {
+  check_dims(dims, "gated_delta_rule");
+  const int64_t Hv = dims.value_heads;
+  const int64_t Dk = dims.key_dim;
+  const int64_t Dv = dims.value_dim;
+  const int64_t key_width = dims.key_heads * Dk;
+  const int64_t C = dims.channels();
+  cpu::require(a_log.shape.size() == 1 && static_cast<int64_t>(a_log.shape[0]) == Hv &&
+                   dt_bias.shape.size() == 1 && static_cast<int64_t>(dt_bias.shape[0]) == Hv,
+               "gated_delta_rule", "A_log and dt_bias must have one entry per value head");
+  const int64_t ratio = Hv / dims.key_heads;
+  const float q_scale = 1.0f / std::sqrt(static_cast<float>(Dk));
+  pool_.parallel_for(Hv, [&](int64_t begin, int64_t end) {
+    std::vector<float> q(static_cast<size_t>(Dk)), k(static_cast<size_t>(Dk)), m(static_cast<size_t>(Dv));
+    for (int64_t h = begin; h < end; ++h) {
+      const int64_t kh = h / ratio;
+      const float decay_rate = std::exp(cpu::dense_value(a_log, h));
+      const float bias = cpu::dense_value(dt_bias, h);
+      float* S = state + h * Dk * Dv;  // [Dk, Dv]
+      for (int64_t t = 0; t < n; ++t) {
+        const float* row = conv + t * C;
+        std::copy(row + kh * Dk, row + (kh + 1) * Dk, q.begin());
+        std::copy(row + key_width + kh * Dk, row + key_width + (kh + 1) * Dk, k.begin());
+        const float* v = row + 2 * key_width + h * Dv;
+        l2_normalize(q.data(), Dk);
+        l2_normalize(k.data(), Dk);
+        for (float& x : q) x *= q_scale;
+        const float beta = 1.0f / (1.0f + std::exp(-b[t * Hv + h]));
+        const float alpha = std::exp(-decay_rate * softplus(a[t * Hv + h] + bias));
+        std::fill(m.begin(), m.end(), 0.0f);
+        for (int64_t i = 0; i < Dk; ++i) {
+          float* Si = S + i * Dv;
+          for (int64_t j = 0; j < Dv; ++j) {
+            Si[j] *= alpha;
+            m[static_cast<size_t>(j)] += Si[j] * k[static_cast<size_t>(i)];
+          }
+        }
+        for (int64_t j = 0; j < Dv; ++j) m[static_cast<size_t>(j)] = beta * (v[j] - m[static_cast<size_t>(j)]);
+        float* o = out + (t * Hv + h) * Dv;
+        std::fill(o, o + Dv, 0.0f);
+        for (int64_t i = 0; i < Dk; ++i) {
+          float* Si = S + i * Dv;
+          const float ki = k[static_cast<size_t>(i)];
+          const float qi = q[static_cast<size_t>(i)];
+          for (int64_t j = 0; j < Dv; ++j) {
+            Si[j] += ki * m[static_cast<size_t>(j)];
+            o[j] += Si[j] * qi;
+          }
+        }
+      }
+    }
+  });
+}
+
+}  // namespace lily

@@ -1,0 +1,83 @@
+// `lily render-chat`: one JSON messages array per stdin line -> one rendered prompt per line.
+//
+// Every input line gives exactly one output line: the prompt as a JSON string, or
+// {"error": "..."} when the line is not valid JSON, not a valid messages array, or the chat
+// template refuses it. Processing always continues with the next line; the exit code is 0
+// once stdin has been read to its end. Only usage errors (exit 2), a failing read of stdin
+// (exit 2) and a failing write to stdout (exit 1) end the command early.
+#include <cstdio>
+#include <string>
+
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/strict_json.h"
+#include "text/chat_format.h"
+
+namespace lily {
+
+namespace {
+
+// A messages array nests two levels; anything deeper is wrong anyway, this only bounds work.
+constexpr int kMaxJsonDepth = 16;
+// One line (one conversation) may be at most this long; the rest of a longer line is skipped.
+constexpr size_t kMaxLineBytes = size_t{64} << 20;
+
+// Reads one line (without its '\n') from `in` into `line`; returns false at end of input with
+// nothing read. Sets `too_long` (and drops the rest of the line) past kMaxLineBytes.
+bool read_line(FILE* in, std::string& line, bool& too_long) {
+  line.clear();
+  too_long = false;
+  bool any = false;
+  for (;;) {
+    const int c = std::getc(in);
+    if (c == EOF) return any;
+    any = true;
+    if (c == '\n') return true;
+    if (line.size() < kMaxLineBytes) {
+      line.push_back(static_cast<char>(c));
+    } else {
+      too_long = true;
+    }
+  }
+}
+
+std::string render_line(const std::string& line, size_t line_number, bool too_long) {
+  const std::string where = "line " + std::to_string(line_number);
+  try {
+    if (too_long) {
+      throw InputError(where + ": longer than " + std::to_string(kMaxLineBytes) + " bytes");
+    }
+    const Json messages = parse_strict_json(line, where, kMaxJsonDepth);
+    const std::string prompt = render_chat(parse_chat_messages(messages, "messages"));
+    return Json(prompt).dump(-1, ' ', false, Json::error_handler_t::replace);
+  } catch (const InputError& error) {
+    const Json reply = {{"error", error.what()}};
+    // Error texts may quote the offending (possibly invalid UTF-8) input bytes.
+    return reply.dump(-1, ' ', false, Json::error_handler_t::replace);
+  }
+}
+
+}  // namespace
+
+int cmd_render_chat(const std::vector<std::string>& argv) {
+  const Args args(argv, {});  // no options: anything on the command line is a usage error
+  std::string line;
+  bool too_long = false;
+  size_t line_number = 0;
+  while (read_line(stdin, line, too_long)) {
+    ++line_number;
+    std::string reply = render_line(line, line_number, too_long);
+    reply.push_back('\n');
+    // One answer per line, flushed, so a client can also talk to it line by line.
+    if (std::fwrite(reply.data(), 1, reply.size(), stdout) != reply.size() ||
+        std::fflush(stdout) != 0) {
+      std::fputs("internal error: render-chat: writing to stdout failed\n", stderr);
+      return 1;
+    }
+  }
+  if (std::ferror(stdin)) throw InputError("render-chat: reading stdin failed");
+  return 0;
+}
+
+}  // namespace lily

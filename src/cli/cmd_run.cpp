@@ -1,0 +1,104 @@
+// `lily run`: offline greedy generation from prompt ids; prints one JSON object.
+#include <charconv>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+
+#include "backend/backend.h"
+#include "checkpoint/checkpoint.h"
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/strict_json.h"
+#include "engine/generator.h"
+#include "model/qwen36_model.h"
+
+namespace lily {
+
+namespace {
+
+std::vector<int32_t> parse_ids(const std::string& text, uint64_t vocab) {
+  std::vector<int32_t> ids;
+  size_t begin = 0;
+  while (begin <= text.size()) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    const std::string item = text.substr(begin, end - begin);
+    int64_t id = -1;
+    auto [ptr, ec] = std::from_chars(item.data(), item.data() + item.size(), id);
+    if (item.empty() || ec != std::errc() || ptr != item.data() + item.size() || id < 0 ||
+        static_cast<uint64_t>(id) >= vocab) {
+      throw InputError("--prompt-ids item " + std::to_string(ids.size()) + " is \"" + item +
+                       "\", expected a token id in [0, " + std::to_string(vocab) + ")");
+    }
+    ids.push_back(static_cast<int32_t>(id));
+    begin = end + 1;
+  }
+  return ids;
+}
+
+}  // namespace
+
+int cmd_run(const std::vector<std::string>& argv) {
+  const std::vector<OptionSpec> spec = {
+      {"model", true, "checkpoint directory (required)"},
+      {"prompt-ids", true, "comma-separated prompt token ids"},
+      {"max-tokens", true, "tokens to generate (default 16)"},
+      {"top-logits", true, "also print the K largest logits of every step (default 0)"},
+      {"max-seq", true, "state capacity in tokens, prompt + generated (default 4096)"},
+      {"device", true, "cpu or auto (default auto: CPU until the CUDA backend lands)"},
+      {"threads", true, "CPU threads (default: all cores)"},
+      {"ignore-eos", false, "do not stop at the checkpoint's stop tokens"},
+  };
+  const Args args(argv, spec);
+  const std::string device = args.get("device").value_or("auto");
+  if (device != "auto" && device != "cpu") {
+    throw InputError("--device is \"" + device + "\", expected auto or cpu (this build has no "
+                     "CUDA backend)");
+  }
+  if (!args.has("prompt-ids")) throw InputError("missing required option --prompt-ids");
+  const uint64_t max_tokens = args.uint_or("max-tokens", 16, 0, 1u << 20);
+  const uint64_t top = args.uint_or("top-logits", 0, 0, 1024);
+  const uint64_t max_seq = args.uint_or("max-seq", 4096, 1, 262144);
+  const uint64_t threads = args.uint_or("threads", 0, 0, 1024);
+
+  const std::unique_ptr<Checkpoint> checkpoint = open_checkpoint(args.required("model"));
+  const std::vector<int32_t> prompt =
+      parse_ids(args.required("prompt-ids"), checkpoint->config.shape.vocab_size);
+  if (prompt.size() + max_tokens > max_seq) {
+    throw InputError("prompt (" + std::to_string(prompt.size()) + " tokens) + --max-tokens " +
+                     std::to_string(max_tokens) + " exceed --max-seq " + std::to_string(max_seq));
+  }
+  std::unique_ptr<Backend> backend = make_cpu_backend(static_cast<int>(threads));
+  Qwen36Model model(*checkpoint, *backend);
+  DecodeState state(*backend, checkpoint->config.shape, static_cast<int64_t>(max_seq));
+  GenerationOptions options;
+  options.max_tokens = static_cast<int64_t>(max_tokens);
+  options.top_logits = static_cast<int>(top);
+  if (!args.has("ignore-eos")) {
+    options.stop_tokens.insert(checkpoint->config.eos_token_ids.begin(),
+                               checkpoint->config.eos_token_ids.end());
+  }
+  const auto start = std::chrono::steady_clock::now();
+  const GenerationResult result = generate_greedy(model, state, prompt, options);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+
+  Json out = {{"prompt_ids", prompt}, {"tokens", result.tokens},
+              {"finish_reason", result.finish_reason}};
+  if (top > 0) {
+    Json steps = Json::array();
+    for (const auto& step : result.steps) {
+      Json pairs = Json::array();
+      for (const auto& [id, logit] : step) pairs.push_back({id, logit});
+      steps.push_back(pairs);
+    }
+    out["steps"] = steps;
+  }
+  std::cout << out.dump() << "\n";
+  std::fprintf(stderr, "%zu prompt + %zu generated tokens in %.3f s on %s (%d threads)\n",
+               prompt.size(), result.tokens.size(), seconds, backend->name().c_str(),
+               backend->threads());
+  return 0;
+}
+
+}  // namespace lily

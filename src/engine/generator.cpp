@@ -1,0 +1,74 @@
+// Greedy generation over a model and a session state, with Lily's fed-token accounting.
+#include "engine/generator.h"
+
+#include <algorithm>
+#include <numeric>
+#include <stdexcept>
+
+namespace lily {
+
+std::vector<std::pair<int32_t, float>> top_logits(const std::vector<float>& logits, int k) {
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  const auto count = std::min<size_t>(static_cast<size_t>(std::max(k, 0)), order.size());
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(count), order.end(),
+                    [&](int32_t a, int32_t b) {
+                      const float la = logits[static_cast<size_t>(a)];
+                      const float lb = logits[static_cast<size_t>(b)];
+                      return la != lb ? la > lb : a < b;
+                    });
+  std::vector<std::pair<int32_t, float>> out;
+  for (size_t i = 0; i < count; ++i) out.emplace_back(order[i], logits[static_cast<size_t>(order[i])]);
+  return out;
+}
+
+GenerationResult generate_greedy(Qwen36Model& model, DecodeState& state,
+                                 std::span<const int32_t> prompt, const GenerationOptions& options) {
+  if (prompt.empty()) throw std::invalid_argument("generate_greedy: empty prompt");
+  if (options.max_tokens < 0) throw std::invalid_argument("generate_greedy: negative max_tokens");
+  GenerationResult result;
+  std::vector<float> logits;
+  // Runs the model on `tokens`, appends the greedy token and records its top logits.
+  auto step = [&](std::span<const int32_t> tokens) {
+    model.forward(state, tokens);
+    if (options.top_logits > 0) {
+      model.logits_to_host(logits);
+      result.steps.push_back(top_logits(logits, options.top_logits));
+    }
+    result.tokens.push_back(model.next_token_to_host());
+  };
+  if (options.max_tokens == 0) {
+    result.finish_reason = "length";
+    return result;
+  }
+  step(prompt);
+  for (;;) {
+    const int32_t last = result.tokens.back();
+    const bool is_stop = options.stop_tokens.count(last) != 0;
+    const bool cancelled = options.on_token && !options.on_token(last);
+    const auto produced = static_cast<int64_t>(result.tokens.size());
+    if (is_stop) {
+      result.finish_reason = "stop";
+      // Lily's pipelined decode has already fed the stop token when it sees it (except on
+      // token 0); feeding it here keeps the state identical across backends.
+      if (produced >= 2) {
+        model.forward(state, std::span<const int32_t>(&result.tokens.back(), 1));
+        result.fed = produced;
+      }
+      return result;
+    }
+    if (cancelled) {
+      result.finish_reason = "cancelled";
+      result.fed = produced - 1;
+      return result;
+    }
+    if (produced >= options.max_tokens) {
+      result.finish_reason = "length";
+      result.fed = produced - 1;
+      return result;
+    }
+    step(std::span<const int32_t>(&result.tokens.back(), 1));
+  }
+}
+
+}  // namespace lily

@@ -1,0 +1,42 @@
+// Greedy generation over a model and a session state, with Lily's fed-token accounting.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <string>
+#include <unordered_set>
+#include <utility>
+#include <vector>
+
+#include "model/qwen36_model.h"
+
+namespace lily {
+
+struct GenerationOptions {
+  int64_t max_tokens = 16;
+  std::unordered_set<int32_t> stop_tokens;  // generation ends after emitting one of these
+  int top_logits = 0;                       // record the K largest logits of every step
+  // Called after each token; return false to cancel (finish_reason "cancelled").
+  std::function<bool(int32_t)> on_token;
+};
+
+struct GenerationResult {
+  std::vector<int32_t> tokens;  // includes the stop token when one ended generation
+  std::string finish_reason;    // "stop", "length" or "cancelled"
+  // Generated tokens fed into the state, as Lily counts them (lily-reference §8.3): a stop at
+  // token i >= 1 feeds tokens 0..i (the overshoot step fed the stop token); ending on the length
+  // limit does not feed the last token; a stop on token 0 or max_tokens = 1 feeds none. The
+  // state then holds prompt + tokens[0, fed).
+  int64_t fed = 0;
+  std::vector<std::vector<std::pair<int32_t, float>>> steps;  // top logits per token
+};
+
+// Prefills `prompt` on top of the state (which may already hold a prefix) and decodes greedily.
+GenerationResult generate_greedy(Qwen36Model& model, DecodeState& state,
+                                 std::span<const int32_t> prompt, const GenerationOptions& options);
+
+// The K largest (id, logit) pairs, descending; ties by lower id.
+std::vector<std::pair<int32_t, float>> top_logits(const std::vector<float>& logits, int k);
+
+}  // namespace lily

@@ -1,0 +1,37 @@
+// Per-session model state: KV caches (attention layers), conv windows and recurrent states (GDN).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "checkpoint/model_config.h"
+
+namespace lily {
+
+// Allocated once per session at `capacity` tokens; nothing is allocated while decoding.
+// All buffers live in the backend's memory (f32).
+struct DecodeState {
+  struct AttentionCache {
+    float* keys = nullptr;    // [capacity, kv_heads, head_dim]
+    float* values = nullptr;  // [capacity, kv_heads, head_dim]
+  };
+  struct DeltaNetState {
+    float* conv_window = nullptr;  // [conv_kernel - 1, channels], oldest input first
+    float* recurrent = nullptr;    // [value_heads, key_dim, value_dim]
+  };
+
+  int64_t capacity = 0;  // max tokens (prompt + generated) the state can hold
+  int64_t position = 0;  // tokens fed so far
+  std::vector<LayerKind> kinds;
+  std::vector<AttentionCache> attention;  // indexed by layer; empty for GDN layers
+  std::vector<DeltaNetState> delta_net;   // indexed by layer; empty for attention layers
+  std::vector<size_t> sizes;              // floats per buffer, for reset (same order as below)
+  std::vector<float*> buffers;            // every buffer above
+
+  DecodeState(Backend& backend, const ModelShape& shape, int64_t capacity);
+  // Back to an empty sequence (zeroes the recurrent parts; KV rows are overwritten anyway).
+  void reset(Backend& backend);
+};
+
+}  // namespace lily

@@ -1,0 +1,156 @@
+// The Qwen3.6-35B-A3B forward graph, written once against the backend ops.
+#include "model/qwen36_model.h"
+
+#include <stdexcept>
+#include <string>
+
+namespace lily {
+
+Qwen36Model::Qwen36Model(const Checkpoint& checkpoint, Backend& backend, int64_t chunk)
+    : weights_(checkpoint.weights),
+      shape_(checkpoint.config.shape),
+      backend_(backend),
+      chunk_(chunk),
+      eps_(static_cast<float>(checkpoint.config.shape.rms_norm_eps)) {
+  if (chunk <= 0) throw std::invalid_argument("Qwen36Model: chunk must be positive");
+  const ModelShape& s = shape_;
+  attn_dims_ = {static_cast<int64_t>(s.num_attention_heads), static_cast<int64_t>(s.num_key_value_heads),
+                static_cast<int64_t>(s.head_dim), static_cast<int64_t>(s.rotary_dim()), s.rope_theta};
+  gdn_dims_ = {static_cast<int64_t>(s.linear_num_key_heads), static_cast<int64_t>(s.linear_num_value_heads),
+               static_cast<int64_t>(s.linear_key_head_dim), static_cast<int64_t>(s.linear_value_head_dim),
+               static_cast<int64_t>(s.linear_conv_kernel_dim)};
+  backend_.prepare(weights_);
+  const auto c = static_cast<size_t>(chunk);
+  const size_t H = s.hidden_size;
+  const size_t k = s.num_experts_per_tok;
+  ids_ = backend_.alloc_i32(c);
+  residual_ = backend_.alloc(c * H);
+  normed_ = backend_.alloc(c * H);
+  delta_ = backend_.alloc(c * H);
+  mixed_ = backend_.alloc(c * s.gdn_conv_channels());
+  z_ = backend_.alloc(c * s.gdn_value_width());
+  a_ = backend_.alloc(c * s.linear_num_value_heads);
+  b_ = backend_.alloc(c * s.linear_num_value_heads);
+  conv_out_ = backend_.alloc(c * s.gdn_conv_channels());
+  gdn_out_ = backend_.alloc(c * s.gdn_value_width());
+  gdn_normed_ = backend_.alloc(c * s.gdn_value_width());
+  qg_ = backend_.alloc(c * s.attn_q_rows());
+  k_ = backend_.alloc(c * s.attn_kv_rows());
+  v_ = backend_.alloc(c * s.attn_kv_rows());
+  attn_out_ = backend_.alloc(c * s.attn_o_in());
+  router_logits_ = backend_.alloc(c * s.num_experts);
+  expert_ids_ = backend_.alloc_i32(c * k);
+  expert_weights_ = backend_.alloc(c * k);
+  expert_h_ = backend_.alloc(c * k * s.moe_intermediate_size);
+  shared_h_ = backend_.alloc(c * s.shared_expert_intermediate_size);
+  shared_logit_ = backend_.alloc(c);
+  logits_ = backend_.alloc(s.vocab_size);
+  next_token_ = backend_.alloc_i32(1);
+}
+
+void Qwen36Model::forward(DecodeState& state, std::span<const int32_t> tokens) {
+  if (tokens.empty()) throw std::invalid_argument("forward: no tokens");
+  const auto count = static_cast<int64_t>(tokens.size());
+  if (state.position + count > state.capacity) {
+    throw std::invalid_argument("forward: " + std::to_string(state.position) + " + " +
+                                std::to_string(count) + " tokens exceed the state capacity " +
+                                std::to_string(state.capacity));
+  }
+  for (int32_t id : tokens) {
+    if (id < 0 || static_cast<uint64_t>(id) >= shape_.vocab_size) {
+      throw std::invalid_argument("forward: token id " + std::to_string(id) +
+                                  " outside the vocabulary of " + std::to_string(shape_.vocab_size));
+    }
+  }
+  for (int64_t begin = 0; begin < count; begin += chunk_) {
+    const int64_t n = std::min(chunk_, count - begin);
+    run_chunk(state, tokens.data() + begin, n, begin + n == count);
+  }
+}
+
+void Qwen36Model::run_chunk(DecodeState& state, const int32_t* host_ids, int64_t n,
+                            bool last_chunk) {
+  Backend& be = backend_;
+  const auto H = static_cast<int64_t>(shape_.hidden_size);
+  be.copy_from_host(host_ids, static_cast<size_t>(n), ids_);
+  be.embed(weights_.embed, ids_, n, residual_);
+  be.rms_norm(residual_, weights_.layers[0].input_norm, n, H, eps_, normed_);
+  for (size_t i = 0; i < weights_.layers.size(); ++i) {
+    const LayerWeights& layer = weights_.layers[i];
+    if (layer.kind == LayerKind::linear_attention) {
+      delta_net_mixer(layer, state.delta_net[i], n);
+    } else {
+      attention_mixer(layer, state.attention[i], state.capacity, state.position, n);
+    }
+    be.add_rms_norm(residual_, delta_, layer.post_attention_norm, n, H, eps_, normed_);
+    moe(layer, n);
+    const DenseView& next_norm = i + 1 < weights_.layers.size()
+                                     ? weights_.layers[i + 1].input_norm
+                                     : weights_.final_norm;
+    be.add_rms_norm(residual_, delta_, next_norm, n, H, eps_, normed_);
+  }
+  state.position += n;
+  if (last_chunk) {
+    be.matmul(weights_.lm_head, 0, static_cast<int64_t>(shape_.vocab_size), normed_ + (n - 1) * H,
+              1, logits_);
+    be.argmax(logits_, 1, static_cast<int64_t>(shape_.vocab_size), next_token_);
+  }
+}
+
+void Qwen36Model::delta_net_mixer(const LayerWeights& layer, DecodeState::DeltaNetState& s,
+                                  int64_t n) {
+  Backend& be = backend_;
+  const GatedDeltaNetWeights& w = layer.gdn;
+  const int64_t C = gdn_dims_.channels();
+  const int64_t Hv = gdn_dims_.value_heads;
+  const int64_t Dv = gdn_dims_.value_dim;
+  be.matmul(w.in_proj_qkv, 0, C, normed_, n, mixed_);
+  be.matmul(w.in_proj_z, 0, Hv * Dv, normed_, n, z_);
+  be.matmul(w.in_proj_a, 0, Hv, normed_, n, a_);
+  be.matmul(w.in_proj_b, 0, Hv, normed_, n, b_);
+  be.conv1d_silu(mixed_, s.conv_window, w.conv1d, gdn_dims_, n, conv_out_);
+  be.gated_delta_rule(conv_out_, a_, b_, w.a_log, w.dt_bias, s.recurrent, gdn_dims_, n, gdn_out_);
+  be.gated_rms_norm(gdn_out_, z_, w.norm, n * Hv, Dv, eps_, gdn_normed_);
+  be.matmul(w.out_proj, 0, static_cast<int64_t>(shape_.hidden_size), gdn_normed_, n, delta_);
+}
+
+void Qwen36Model::attention_mixer(const LayerWeights& layer, DecodeState::AttentionCache& cache,
+                                  int64_t capacity, int64_t start_pos, int64_t n) {
+  Backend& be = backend_;
+  const AttentionWeights& w = layer.attn;
+  const int64_t kv_rows = attn_dims_.kv_heads * attn_dims_.head_dim;
+  be.matmul(w.q_proj, 0, static_cast<int64_t>(shape_.attn_q_rows()), normed_, n, qg_);
+  be.matmul(w.k_proj, 0, kv_rows, normed_, n, k_);
+  be.matmul(w.v_proj, 0, kv_rows, normed_, n, v_);
+  be.attention_prepare(qg_, k_, w.q_norm, w.k_norm, attn_dims_, start_pos, n, eps_);
+  be.attention(qg_, k_, v_, cache.keys, cache.values, capacity, attn_dims_, start_pos, n,
+               attn_out_);
+  be.matmul(w.o_proj, 0, static_cast<int64_t>(shape_.hidden_size), attn_out_, n, delta_);
+}
+
+void Qwen36Model::moe(const LayerWeights& layer, int64_t n) {
+  Backend& be = backend_;
+  const MoeWeights& w = layer.moe;
+  const auto E = static_cast<int64_t>(shape_.num_experts);
+  const auto k = static_cast<int64_t>(shape_.num_experts_per_tok);
+  be.matmul(w.router, 0, E, normed_, n, router_logits_);
+  be.moe_route(router_logits_, n, E, k, expert_ids_, expert_weights_);
+  be.expert_swiglu(w.experts_gate, w.experts_up, normed_, expert_ids_, n, k, expert_h_);
+  be.expert_swiglu(w.shared_gate, w.shared_up, normed_, nullptr, n, 1, shared_h_);
+  be.matmul(w.shared_expert_gate, 0, 1, normed_, n, shared_logit_);
+  be.expert_down_combine(w.experts_down, expert_h_, expert_ids_, expert_weights_, n, k,
+                         w.shared_down, shared_h_, shared_logit_, delta_);
+}
+
+void Qwen36Model::logits_to_host(std::vector<float>& out) {
+  out.resize(shape_.vocab_size);
+  backend_.copy_to_host(logits_, out.size(), out.data());
+}
+
+int32_t Qwen36Model::next_token_to_host() {
+  int32_t token = 0;
+  backend_.copy_to_host_i32(next_token_, 1, &token);
+  return token;
+}
+
+}  // namespace lily

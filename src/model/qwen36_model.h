@@ -1,0 +1,76 @@
+// The Qwen3.6-35B-A3B forward graph, written once against the backend ops.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "backend/backend.h"
+#include "checkpoint/checkpoint.h"
+#include "model/decode_state.h"
+
+namespace lily {
+
+// Runs prompts (prefill, in chunks) and single decode steps over a DecodeState. Scratch is
+// sized once for `chunk` tokens at construction; forward() allocates nothing.
+class Qwen36Model {
+ public:
+  Qwen36Model(const Checkpoint& checkpoint, Backend& backend, int64_t chunk = 256);
+
+  const ModelShape& shape() const { return shape_; }
+  Backend& backend() { return backend_; }
+  int64_t chunk() const { return chunk_; }
+
+  // Feeds `tokens` (ids < vocab) at state.position.., in chunks; leaves the logits of the last
+  // token in logits() and the argmax in next_token(). Throws std::invalid_argument if the
+  // tokens do not fit the state's capacity or an id is out of range.
+  void forward(DecodeState& state, std::span<const int32_t> tokens);
+
+  // Last-token logits [vocab] f32 in backend memory, and its argmax [1] i32.
+  const float* logits() const { return logits_; }
+  const int32_t* next_token() const { return next_token_; }
+  void logits_to_host(std::vector<float>& out);
+  int32_t next_token_to_host();
+
+ private:
+  void run_chunk(DecodeState& state, const int32_t* host_ids, int64_t n, bool last_chunk);
+  void delta_net_mixer(const LayerWeights& layer, DecodeState::DeltaNetState& s, int64_t n);
+  void attention_mixer(const LayerWeights& layer, DecodeState::AttentionCache& cache,
+                       int64_t capacity, int64_t start_pos, int64_t n);
+  void moe(const LayerWeights& layer, int64_t n);
+
+  const ModelWeights& weights_;
+  ModelShape shape_;
+  Backend& backend_;
+  int64_t chunk_;
+  float eps_;
+  AttentionDims attn_dims_;
+  GatedDeltaNetDims gdn_dims_;
+
+  // Scratch, [chunk, ...] each (see the constructor for the shapes).
+  int32_t* ids_;
+  float* residual_;
+  float* normed_;
+  float* delta_;
+  float* mixed_;
+  float* z_;
+  float* a_;
+  float* b_;
+  float* conv_out_;
+  float* gdn_out_;
+  float* gdn_normed_;
+  float* qg_;
+  float* k_;
+  float* v_;
+  float* attn_out_;
+  float* router_logits_;
+  int32_t* expert_ids_;
+  float* expert_weights_;
+  float* expert_h_;
+  float* shared_h_;
+  float* shared_logit_;
+  float* logits_;
+  int32_t* next_token_;
+};
+
+}  // namespace lily

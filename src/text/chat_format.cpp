@@ -1,0 +1,296 @@
+// Native chat format: the checkpoint chat template (no tools) plus Lily's nothink history rewrite.
+//
+// Every rule below names the lines of qwen3.6-chat_template.jinja it mirrors ("T<n>" =
+// line n of that file); docs/chat-format.md explains them one by one.
+#include "text/chat_format.h"
+
+#include <cstdint>
+
+#include "core/error.h"
+
+namespace lily {
+
+namespace {
+
+constexpr std::string_view kThinkOpen = "<think>";
+constexpr std::string_view kThinkClose = "</think>";
+constexpr std::string_view kToolResponseOpen = "<tool_response>";
+constexpr std::string_view kToolResponseClose = "</tool_response>";
+
+// Python's str.isspace() (bidirectional class WS, B or S, or category Zs), which is what
+// Jinja2's `trim` filter (str.strip) removes. Stable since Unicode 6.3.
+bool is_python_space(uint32_t cp) {
+  return (cp >= 0x09 && cp <= 0x0D) || (cp >= 0x1C && cp <= 0x20) || cp == 0x85 || cp == 0xA0 ||
+         cp == 0x1680 || (cp >= 0x2000 && cp <= 0x200A) || cp == 0x2028 || cp == 0x2029 ||
+         cp == 0x202F || cp == 0x205F || cp == 0x3000;
+}
+
+// Decodes the well-formed UTF-8 sequence at text[pos]; returns its length, or 0 if the bytes
+// there are not one (then the caller treats them as non-whitespace).
+size_t decode_utf8(std::string_view text, size_t pos, uint32_t& cp) {
+  const auto byte = [&](size_t i) { return static_cast<uint8_t>(text[i]); };
+  const uint8_t b0 = byte(pos);
+  size_t length = 0;
+  uint32_t min = 0;
+  if (b0 < 0x80) {
+    cp = b0;
+    return 1;
+  } else if ((b0 & 0xE0) == 0xC0) {
+    length = 2, cp = b0 & 0x1Fu, min = 0x80;
+  } else if ((b0 & 0xF0) == 0xE0) {
+    length = 3, cp = b0 & 0x0Fu, min = 0x800;
+  } else if ((b0 & 0xF8) == 0xF0) {
+    length = 4, cp = b0 & 0x07u, min = 0x10000;
+  } else {
+    return 0;
+  }
+  if (pos + length > text.size()) return 0;
+  for (size_t i = 1; i < length; ++i) {
+    const uint8_t b = byte(pos + i);
+    if ((b & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (b & 0x3Fu);
+  }
+  if (cp < min || cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return 0;
+  return length;
+}
+
+// Python str.lstrip(chars) / str.rstrip(chars) with a single ASCII character.
+std::string_view lstrip_char(std::string_view text, char c) {
+  const size_t first = text.find_first_not_of(c);
+  return first == std::string_view::npos ? std::string_view() : text.substr(first);
+}
+
+std::string_view rstrip_char(std::string_view text, char c) {
+  const size_t last = text.find_last_not_of(c);
+  return last == std::string_view::npos ? std::string_view() : text.substr(0, last + 1);
+}
+
+// Python text.split(sep)[0] and text.split(sep)[-1].
+std::string_view split_first(std::string_view text, std::string_view sep) {
+  return text.substr(0, text.find(sep));
+}
+
+std::string_view split_last(std::string_view text, std::string_view sep) {
+  const size_t at = text.rfind(sep);
+  return at == std::string_view::npos ? text : text.substr(at + sep.size());
+}
+
+[[noreturn]] void template_error(std::string_view raised, const std::string& context) {
+  std::string message = "chat template: ";
+  message += raised;
+  if (!context.empty()) message += " (" + context + ")";
+  throw InputError(message);
+}
+
+}  // namespace
+
+std::string_view chat_role_name(ChatRole role) {
+  switch (role) {
+    case ChatRole::system:
+      return "system";
+    case ChatRole::user:
+      return "user";
+    case ChatRole::assistant:
+      return "assistant";
+  }
+  return "unknown";
+}
+
+std::string python_strip(std::string_view text) {
+  size_t begin = 0;
+  while (begin < text.size()) {
+    uint32_t cp = 0;
+    const size_t length = decode_utf8(text, begin, cp);
+    if (length == 0 || !is_python_space(cp)) break;
+    begin += length;
+  }
+  size_t end = text.size();
+  while (end > begin) {
+    // Step back to the lead byte of the last sequence (at most 3 continuation bytes).
+    size_t start = end - 1;
+    while (start > begin && end - start < 4 &&
+           (static_cast<uint8_t>(text[start]) & 0xC0) == 0x80) {
+      --start;
+    }
+    uint32_t cp = 0;
+    const size_t length = decode_utf8(text, start, cp);
+    if (length == 0 || start + length != end || !is_python_space(cp)) break;
+    end = start;
+  }
+  return std::string(text.substr(begin, end - begin));
+}
+
+std::vector<ChatMessage> parse_chat_messages(const Json& messages, std::string_view where) {
+  const std::string base(where);
+  if (!messages.is_array()) {
+    throw InputError(base + " must be a JSON array of {\"role\", \"content\"} objects, found " +
+                     describe_json(messages));
+  }
+  std::vector<ChatMessage> out;
+  out.reserve(messages.size());
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const Json& item = messages[i];
+    const std::string at = base + "[" + std::to_string(i) + "]";
+    if (!item.is_object()) {
+      throw InputError(at + " must be an object {\"role\", \"content\"}, found " +
+                       describe_json(item));
+    }
+    for (const auto& [key, value] : item.items()) {
+      if (key != "role" && key != "content") {
+        throw InputError(at + ": unknown field \"" + key +
+                         "\"; a message has exactly the fields \"role\" and \"content\"");
+      }
+    }
+    const auto role_it = item.find("role");
+    if (role_it == item.end()) throw InputError(at + ": missing field \"role\"");
+    ChatMessage message;
+    const Json& role = *role_it;
+    if (role == "system") {
+      message.role = ChatRole::system;
+    } else if (role == "user") {
+      message.role = ChatRole::user;
+    } else if (role == "assistant") {
+      message.role = ChatRole::assistant;
+    } else {
+      throw InputError(at + ".role must be \"system\", \"user\" or \"assistant\", found " +
+                       describe_json(role));
+    }
+    const auto content_it = item.find("content");
+    if (content_it == item.end()) throw InputError(at + ": missing field \"content\"");
+    if (!content_it->is_string()) {
+      throw InputError(at + ".content must be a string, found " + describe_json(*content_it));
+    }
+    message.content = content_it->get<std::string>();
+    out.push_back(std::move(message));
+  }
+  return out;
+}
+
+void check_chat_request_messages(const std::vector<ChatMessage>& messages) {
+  if (messages.empty()) throw InputError("messages must not be empty");
+  if (messages.back().role != ChatRole::user) {
+    throw InputError("the final message must have role=user, found role=" +
+                     std::string(chat_role_name(messages.back().role)));
+  }
+}
+
+std::vector<TemplateMessage> nothink_history_rewrite(const std::vector<ChatMessage>& messages) {
+  // The index of the last message with role user, whatever its content (Lily's
+  // last_query_index() is rposition(role == User), not the template's notion).
+  std::optional<size_t> last_user;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    if (messages[i].role == ChatRole::user) last_user = i;
+  }
+  std::vector<TemplateMessage> out;
+  out.reserve(messages.size());
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const ChatMessage& m = messages[i];
+    TemplateMessage t{m.role, m.content, std::nullopt};
+    if (m.role == ChatRole::assistant && last_user && i <= *last_user) {
+      if (!std::string_view(m.content).starts_with(kEmptyThinkBlock)) {
+        t.content = std::string(kEmptyThinkBlock) + m.content;
+      }
+      t.reasoning_content = std::string();
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+std::string render_chat_template(const std::vector<TemplateMessage>& messages,
+                                 const ChatTemplateOptions& options) {
+  // T42-44: `if not messages` raises.
+  if (messages.empty()) template_error("No messages provided.", "the message list is empty");
+  std::string out;
+  // T45-66: no tools, so only the else branch (T61-66) can run: a leading system message is
+  // rendered (trimmed) before everything else. T3-41: a string content renders as itself.
+  if (messages[0].role == ChatRole::system) {
+    out += "<|im_start|>system\n";
+    out += python_strip(messages[0].content);
+    out += "<|im_end|>\n";
+  }
+  // T67-77: walking backwards, the last user message whose trimmed content is not wrapped in
+  // <tool_response>…</tool_response> is the last query; with none, the template raises (T78-80).
+  bool multi_step_tool = true;
+  size_t last_query_index = messages.size() - 1;
+  size_t user_messages = 0;
+  for (size_t k = messages.size(); k-- > 0;) {
+    if (messages[k].role != ChatRole::user) continue;
+    ++user_messages;
+    if (!multi_step_tool) continue;
+    const std::string content = python_strip(messages[k].content);
+    const std::string_view c(content);
+    if (!(c.starts_with(kToolResponseOpen) && c.ends_with(kToolResponseClose))) {
+      multi_step_tool = false;
+      last_query_index = k;
+    }
+  }
+  if (multi_step_tool) {
+    template_error("No user query found in messages.",
+                   user_messages == 0
+                       ? "no message has role user"
+                       : "every user message is wrapped in <tool_response>…</tool_response>");
+  }
+  // T81-146: the messages in order.
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const TemplateMessage& m = messages[i];
+    std::string content = python_strip(m.content);  // T82
+    switch (m.role) {
+      case ChatRole::system:
+        // T83-86: a system message anywhere but first raises; the first was rendered above.
+        if (i != 0) {
+          template_error("System message must be at the beginning.",
+                         "messages[" + std::to_string(i) + "] has role system");
+        }
+        break;
+      case ChatRole::user:
+        // T87-88.
+        out += "<|im_start|>user\n";
+        out += content;
+        out += "<|im_end|>\n";
+        break;
+      case ChatRole::assistant: {
+        // T89-99: reasoning from reasoning_content if it is a string, else split out of the
+        // (trimmed) content at </think>; then trimmed.
+        std::string reasoning;
+        if (m.reasoning_content) {
+          reasoning = *m.reasoning_content;
+        } else if (content.find(kThinkClose) != std::string::npos) {
+          const std::string_view c(content);
+          reasoning = std::string(
+              lstrip_char(split_last(rstrip_char(split_first(c, kThinkClose), '\n'), kThinkOpen),
+                          '\n'));
+          content = std::string(lstrip_char(split_last(c, kThinkClose), '\n'));
+        }
+        reasoning = python_strip(reasoning);
+        // T100-104: turns after the last query keep a think block; earlier ones are bare
+        // (preserve_thinking is undefined).
+        if (i > last_query_index) {
+          out += "<|im_start|>assistant\n<think>\n";
+          out += reasoning;
+          out += "\n</think>\n\n";
+          out += content;
+        } else {
+          out += "<|im_start|>assistant\n";
+          out += content;
+        }
+        // T105-129 (tool_calls) cannot run: messages have no tool_calls field.
+        out += "<|im_end|>\n";  // T130
+        break;
+      }
+    }
+    // T131-142 (role tool) and T143-145 (other roles) cannot run: ChatRole has no such roles.
+  }
+  // T147-154.
+  if (options.add_generation_prompt) {
+    out += "<|im_start|>assistant\n";
+    out += options.enable_thinking ? "<think>\n" : "<think>\n\n</think>\n\n";
+  }
+  return out;
+}
+
+std::string render_chat(const std::vector<ChatMessage>& messages) {
+  return render_chat_template(nothink_history_rewrite(messages), ChatTemplateOptions{});
+}
+
+}  // namespace lily
