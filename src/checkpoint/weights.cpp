@@ -24,6 +24,10 @@ class Binder {
  public:
   Binder(const TensorStore& store, WeightStats* stats) : store_(store), stats_(stats) {}
 
+  const std::string& shard_of(const TensorEntry& entry) const {
+    return store_.shard_files().at(entry.shard);
+  }
+
   const TensorEntry& take(const std::string& name) {
     const TensorEntry* entry = store_.find(name);
     if (entry == nullptr) throw InputError("tensor " + name + " is missing from the checkpoint");
@@ -58,9 +62,10 @@ class Binder {
     }
     const int bits = static_cast<int>(bit_total / t.in);
     if (bits != t.bits) {
-      throw InputError("tensor " + codes.name + " uses " + std::to_string(bits) +
-                       "-bit storage; expected " + std::to_string(t.bits) + "-bit for this " +
-                       "Qwen3.6-35B-A3B projection (shape " + shape_string(expected) + ")");
+      throw InputError("tensor " + codes.name + " in " + shard_of(codes) + " has shape " +
+                       shape_string(codes.shape) + ", i.e. " + std::to_string(bits) +
+                       "-bit storage; expected " + std::to_string(t.bits) + "-bit codes of shape " +
+                       shape_string(expected) + " for this Qwen3.6-35B-A3B projection");
     }
     for (const TensorEntry* group : {&scales, &biases}) {
       if (group->dtype != DType::BF16) {
@@ -132,7 +137,9 @@ class Binder {
     if (leftover.empty()) return;
     std::string names;
     const size_t shown = std::min<size_t>(leftover.size(), 16);
-    for (size_t i = 0; i < shown; ++i) names += (i > 0 ? ", " : "") + leftover[i];
+    for (size_t i = 0; i < shown; ++i) {
+      names += (i > 0 ? ", " : "") + leftover[i] + " (in " + shard_of(*store_.find(leftover[i])) + ")";
+    }
     if (leftover.size() > shown) {
       names += ", ... and " + std::to_string(leftover.size() - shown) + " more";
     }

@@ -102,10 +102,7 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, floa
       const int64_t last = start_pos + t;  // causal: keys 0..last
       float max = -INFINITY;
       for (int64_t j = 0; j <= last; ++j) {
-        const float* kj = k_cache + j * row + kvh * D;
-        float dot = 0.0f;
-        for (int64_t i = 0; i < D; ++i) dot += q[i] * kj[i];
-        scores[static_cast<size_t>(j)] = dot * scale;
+        scores[static_cast<size_t>(j)] = cpu::dot(q, k_cache + j * row + kvh * D, D) * scale;
         max = std::max(max, scores[static_cast<size_t>(j)]);
       }
       float total = 0.0f;
@@ -116,9 +113,7 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, floa
       float* o = out + (t * dims.q_heads + h) * D;
       std::fill(o, o + D, 0.0f);
       for (int64_t j = 0; j <= last; ++j) {
-        const float w = scores[static_cast<size_t>(j)] / total;
-        const float* vj = v_cache + j * row + kvh * D;
-        for (int64_t i = 0; i < D; ++i) o[i] += w * vj[i];
+        cpu::axpy(scores[static_cast<size_t>(j)] / total, v_cache + j * row + kvh * D, o, D);
       }
       for (int64_t i = 0; i < D; ++i) o[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
     }

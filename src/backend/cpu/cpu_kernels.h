@@ -6,6 +6,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "checkpoint/weights.h"
 #include "core/bf16.h"
@@ -39,11 +40,29 @@ inline float dense_value(const DenseView& t, int64_t i) {
   return load_bf16(t.data + 2 * i);
 }
 
+// Hot loops are compiled three times (AVX-512, AVX2+FMA, plain x86-64) and the loader picks
+// the best one the CPU supports at run time (GCC function multiversioning).
+#define LILY_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+
+// sum_i a[i] b[i] (vectorised; the summation order differs from a plain loop).
+float dot(const float* a, const float* b, int64_t n);
+// y[i] += alpha x[i]
+void axpy(float alpha, const float* x, float* y, int64_t n);
+
 // Sum of x over each group of 64 inputs: the bias term of every group's dot product.
 void group_sums(const float* x, int64_t in, float* sums);
 
 // sum_c W[row, c] x[c] for one quantized row, using s*sum(q*x) + b*sum(x) per group.
 float quant_row_dot(const QuantView& w, int64_t row, const float* x, const float* sums);
+
+// One quantized row unpacked for reuse across many tokens: codes as floats [in], scales and
+// biases as floats [in / 64].
+struct DecodedRow {
+  std::vector<float> q, scale, bias;
+  void load(const QuantView& w, int64_t row);
+  // sum_c W[row, c] x[c], given the group sums of x.
+  float dot(const float* x, const float* sums) const;
+};
 
 // Validates a quantized weight view (bits, group-aligned sizes, pointers).
 void check_quant(const QuantView& w, const char* op);

@@ -7,31 +7,80 @@
 
 namespace lily {
 
+namespace {
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+// Routing slots (t * k + j) grouped by expert, so prefill unpacks each expert row once.
+struct ExpertGroups {
+  std::vector<int64_t> experts;               // experts with at least one slot, ascending
+  std::vector<std::vector<int64_t>> slots;    // slots of experts[i]
+  ExpertGroups(const int32_t* ids, int64_t slot_count, uint64_t expert_count) {
+    std::vector<std::vector<int64_t>> by_expert(expert_count);
+    for (int64_t s = 0; s < slot_count; ++s) {
+      by_expert[ids != nullptr ? static_cast<size_t>(ids[s]) : 0].push_back(s);
+    }
+    for (size_t e = 0; e < by_expert.size(); ++e) {
+      if (by_expert[e].empty()) continue;
+      experts.push_back(static_cast<int64_t>(e));
+      slots.push_back(std::move(by_expert[e]));
+    }
+  }
+};
+
+void check_ids(const int32_t* ids, int64_t count, uint64_t experts, const char* op) {
+  for (int64_t i = 0; ids != nullptr && i < count; ++i) {
+    cpu::require(ids[i] >= 0 && static_cast<uint64_t>(ids[i]) < experts, op,
+                 "expert id " + std::to_string(ids[i]) + " out of range");
+  }
+}
+
+std::vector<float> all_group_sums(const float* x, int64_t rows, int64_t width) {
+  std::vector<float> sums(static_cast<size_t>(rows * width / 64));
+  for (int64_t r = 0; r < rows; ++r) cpu::group_sums(x + r * width, width, sums.data() + r * width / 64);
+  return sums;
+}
+
+}  // namespace
+
 void CpuBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const float* x,
                                const int32_t* ids, int64_t n, int64_t k, float* h) {
   cpu::check_quant(gate, "expert_swiglu");
   cpu::check_quant(up, "expert_swiglu");
   cpu::require(gate.out == up.out && gate.in == up.in && gate.experts == up.experts,
                "expert_swiglu", "gate and up projections must have the same shape");
+  cpu::require(n > 0 && k > 0, "expert_swiglu", "empty input");
+  check_ids(ids, n * k, gate.experts, "expert_swiglu");
   const auto I = static_cast<int64_t>(gate.out);
   const auto in = static_cast<int64_t>(gate.in);
-  for (int64_t i = 0; ids != nullptr && i < n * k; ++i) {
-    cpu::require(ids[i] >= 0 && static_cast<uint64_t>(ids[i]) < gate.experts, "expert_swiglu",
-                 "expert id " + std::to_string(ids[i]) + " out of range");
+  const std::vector<float> sums = all_group_sums(x, n, in);
+  if (n == 1) {  // decode: every (slot, row) is independent work
+    pool_.parallel_for(k * I, [&](int64_t begin, int64_t end) {
+      for (int64_t item = begin; item < end; ++item) {
+        const int64_t slot = item / I;
+        const int64_t e = ids != nullptr ? ids[slot] : 0;
+        const float g = cpu::quant_row_dot(gate, e * I + item % I, x, sums.data());
+        const float u = cpu::quant_row_dot(up, e * I + item % I, x, sums.data());
+        h[item] = silu(g) * u;
+      }
+    });
+    return;
   }
-  std::vector<float> sums(static_cast<size_t>(n * in / 64));
-  for (int64_t t = 0; t < n; ++t) cpu::group_sums(x + t * in, in, sums.data() + t * in / 64);
-  pool_.parallel_for(n * k * I, [&](int64_t begin, int64_t end) {
+  const ExpertGroups groups(ids, n * k, gate.experts);
+  const auto used = static_cast<int64_t>(groups.experts.size());
+  pool_.parallel_for(used * I, [&](int64_t begin, int64_t end) {
+    cpu::DecodedRow gate_row, up_row;
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t slot = item / I;  // t * k + j
+      const auto which = static_cast<size_t>(item / I);
       const int64_t r = item % I;
-      const int64_t t = slot / k;
-      const int64_t e = ids != nullptr ? ids[slot] : 0;
-      const float* xt = x + t * in;
-      const float* st = sums.data() + t * in / 64;
-      const float g = cpu::quant_row_dot(gate, e * I + r, xt, st);
-      const float u = cpu::quant_row_dot(up, e * I + r, xt, st);
-      h[item] = g / (1.0f + std::exp(-g)) * u;
+      const int64_t e = groups.experts[which];
+      gate_row.load(gate, e * I + r);
+      up_row.load(up, e * I + r);
+      for (int64_t slot : groups.slots[which]) {
+        const int64_t t = slot / k;
+        const float* st = sums.data() + t * in / 64;
+        h[slot * I + r] = silu(gate_row.dot(x + t * in, st)) * up_row.dot(x + t * in, st);
+      }
     }
   });
 }
@@ -44,28 +93,42 @@ void CpuBackend::expert_down_combine(const QuantView& down, const float* h, cons
   cpu::check_quant(shared_down, "expert_down_combine");
   cpu::require(down.out == shared_down.out, "expert_down_combine",
                "routed and shared down projections must have the same output width");
+  cpu::require(n > 0 && k > 0 && ids != nullptr, "expert_down_combine", "empty input");
+  check_ids(ids, n * k, down.experts, "expert_down_combine");
   const auto H = static_cast<int64_t>(down.out);
   const auto I = static_cast<int64_t>(down.in);
   const auto S = static_cast<int64_t>(shared_down.in);
-  std::vector<float> sums(static_cast<size_t>(n * k * I / 64));
-  for (int64_t s = 0; s < n * k; ++s) cpu::group_sums(h + s * I, I, sums.data() + s * I / 64);
-  std::vector<float> shared_sums(static_cast<size_t>(n * S / 64));
-  for (int64_t t = 0; t < n; ++t) cpu::group_sums(shared_h + t * S, S, shared_sums.data() + t * S / 64);
-  pool_.parallel_for(n * H, [&](int64_t begin, int64_t end) {
-    for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / H;
-      const int64_t r = item % H;
-      float acc = 0.0f;
-      for (int64_t j = 0; j < k; ++j) {
-        const int64_t slot = t * k + j;
-        const int64_t e = ids[slot];
-        acc += weights[slot] *
-               cpu::quant_row_dot(down, e * H + r, h + slot * I, sums.data() + slot * I / 64);
+  const std::vector<float> sums = all_group_sums(h, n * k, I);
+  const std::vector<float> shared_sums = all_group_sums(shared_h, n, S);
+  if (n == 1) {
+    const float gate = 1.0f / (1.0f + std::exp(-shared_logit[0]));
+    pool_.parallel_for(H, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        float acc = 0.0f;
+        for (int64_t j = 0; j < k; ++j) {
+          acc += weights[j] * cpu::quant_row_dot(down, ids[j] * H + r, h + j * I, sums.data() + j * I / 64);
+        }
+        out[r] = acc + gate * cpu::quant_row_dot(shared_down, r, shared_h, shared_sums.data());
       }
-      const float gate = 1.0f / (1.0f + std::exp(-shared_logit[t]));
-      acc += gate * cpu::quant_row_dot(shared_down, r, shared_h + t * S,
-                                       shared_sums.data() + t * S / 64);
-      out[item] = acc;
+    });
+    return;
+  }
+  const ExpertGroups groups(ids, n * k, down.experts);
+  pool_.parallel_for(H, [&](int64_t begin, int64_t end) {
+    cpu::DecodedRow row;
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t t = 0; t < n; ++t) out[t * H + r] = 0.0f;
+      for (size_t which = 0; which < groups.experts.size(); ++which) {
+        row.load(down, groups.experts[which] * H + r);
+        for (int64_t slot : groups.slots[which]) {
+          out[(slot / k) * H + r] += weights[slot] * row.dot(h + slot * I, sums.data() + slot * I / 64);
+        }
+      }
+      row.load(shared_down, r);
+      for (int64_t t = 0; t < n; ++t) {
+        const float gate = 1.0f / (1.0f + std::exp(-shared_logit[t]));
+        out[t * H + r] += gate * row.dot(shared_h + t * S, shared_sums.data() + t * S / 64);
+      }
     }
   });
 }

@@ -6,9 +6,22 @@
 
 namespace lily::cpu {
 
-void group_sums(const float* x, int64_t in, float* sums) {
+LILY_CPU_CLONES float dot(const float* a, const float* b, int64_t n) {
+  float acc = 0.0f;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+LILY_CPU_CLONES void axpy(float alpha, const float* x, float* y, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
+}
+
+LILY_CPU_CLONES void group_sums(const float* x, int64_t in, float* sums) {
   for (int64_t g = 0; g < in / 64; ++g) {
     float s = 0.0f;
+#pragma omp simd reduction(+ : s)
     for (int64_t i = 0; i < 64; ++i) s += x[g * 64 + i];
     sums[g] = s;
   }
@@ -16,28 +29,61 @@ void group_sums(const float* x, int64_t in, float* sums) {
 
 namespace {
 
+// Unpacks the 64 codes of group g of a row (low bits first) into floats.
 template <int Bits>
-float row_dot(const QuantView& w, int64_t row, const float* x, const float* sums) {
+inline void unpack_group(const std::byte* codes, int64_t g, float* q) {
   constexpr int kPerWord = 32 / Bits;
   constexpr uint32_t kMask = (1u << Bits) - 1u;
-  constexpr int kWordsPerGroup = 64 / kPerWord;
+  constexpr int kWords = 64 / kPerWord;
+  for (int w = 0; w < kWords; ++w) {
+    const uint32_t packed = load_u32(codes + (g * kWords + w) * 4);
+#pragma omp simd
+    for (int j = 0; j < kPerWord; ++j) {
+      q[w * kPerWord + j] = static_cast<float>((packed >> (Bits * j)) & kMask);
+    }
+  }
+}
+
+template <int Bits>
+inline float row_dot(const QuantView& w, int64_t row, const float* x, const float* sums) {
   const auto in = static_cast<int64_t>(w.in);
   const int64_t groups = in / 64;
   const std::byte* codes = w.codes + row * in * Bits / 8;
   const std::byte* scales = w.scales + row * groups * 2;
   const std::byte* biases = w.biases + row * groups * 2;
+  alignas(64) float q[64];
   float acc = 0.0f;
   for (int64_t g = 0; g < groups; ++g) {
-    float dot = 0.0f;
-    const float* xg = x + g * 64;
-    for (int word = 0; word < kWordsPerGroup; ++word) {
-      const uint32_t packed = load_u32(codes + (g * kWordsPerGroup + word) * 4);
-      for (int j = 0; j < kPerWord; ++j) {
-        const auto q = static_cast<float>((packed >> (Bits * j)) & kMask);
-        dot += q * xg[word * kPerWord + j];
-      }
-    }
-    acc += load_bf16(scales + g * 2) * dot + load_bf16(biases + g * 2) * sums[g];
+    unpack_group<Bits>(codes, g, q);
+    float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+    for (int i = 0; i < 64; ++i) d += q[i] * x[g * 64 + i];
+    acc += load_bf16(scales + g * 2) * d + load_bf16(biases + g * 2) * sums[g];
+  }
+  return acc;
+}
+
+LILY_CPU_CLONES float row_dot_q4(const QuantView& w, int64_t row, const float* x, const float* s) {
+  return row_dot<4>(w, row, x, s);
+}
+LILY_CPU_CLONES float row_dot_q8(const QuantView& w, int64_t row, const float* x, const float* s) {
+  return row_dot<8>(w, row, x, s);
+}
+LILY_CPU_CLONES void unpack_row_q4(const std::byte* codes, int64_t groups, float* q) {
+  for (int64_t g = 0; g < groups; ++g) unpack_group<4>(codes, g, q + g * 64);
+}
+LILY_CPU_CLONES void unpack_row_q8(const std::byte* codes, int64_t groups, float* q) {
+  for (int64_t g = 0; g < groups; ++g) unpack_group<8>(codes, g, q + g * 64);
+}
+
+LILY_CPU_CLONES float grouped_dot(const float* q, const float* scale, const float* bias,
+                                  int64_t groups, const float* x, const float* sums) {
+  float acc = 0.0f;
+  for (int64_t g = 0; g < groups; ++g) {
+    float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+    for (int i = 0; i < 64; ++i) d += q[g * 64 + i] * x[g * 64 + i];
+    acc += scale[g] * d + bias[g] * sums[g];
   }
   return acc;
 }
@@ -45,7 +91,30 @@ float row_dot(const QuantView& w, int64_t row, const float* x, const float* sums
 }  // namespace
 
 float quant_row_dot(const QuantView& w, int64_t row, const float* x, const float* sums) {
-  return w.bits == 4 ? row_dot<4>(w, row, x, sums) : row_dot<8>(w, row, x, sums);
+  return w.bits == 4 ? row_dot_q4(w, row, x, sums) : row_dot_q8(w, row, x, sums);
+}
+
+void DecodedRow::load(const QuantView& w, int64_t row) {
+  const auto in = static_cast<int64_t>(w.in);
+  const int64_t groups = in / 64;
+  q.resize(static_cast<size_t>(in));
+  scale.resize(static_cast<size_t>(groups));
+  bias.resize(static_cast<size_t>(groups));
+  const std::byte* codes = w.codes + row * in * w.bits / 8;
+  if (w.bits == 4) {
+    unpack_row_q4(codes, groups, q.data());
+  } else {
+    unpack_row_q8(codes, groups, q.data());
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    scale[static_cast<size_t>(g)] = load_bf16(w.scales + (row * groups + g) * 2);
+    bias[static_cast<size_t>(g)] = load_bf16(w.biases + (row * groups + g) * 2);
+  }
+}
+
+float DecodedRow::dot(const float* x, const float* sums) const {
+  return grouped_dot(q.data(), scale.data(), bias.data(), static_cast<int64_t>(scale.size()), x,
+                     sums);
 }
 
 void check_quant(const QuantView& w, const char* op) {
@@ -71,10 +140,17 @@ void CpuBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, con
   std::vector<float> sums(static_cast<size_t>(n * in / 64));
   for (int64_t t = 0; t < n; ++t) cpu::group_sums(x + t * in, in, sums.data() + t * in / 64);
   pool_.parallel_for(rows, [&](int64_t begin, int64_t end) {
+    if (n == 1) {  // decode: one pass over the packed row
+      for (int64_t r = begin; r < end; ++r) {
+        y[r] = cpu::quant_row_dot(w, row_begin + r, x, sums.data());
+      }
+      return;
+    }
+    cpu::DecodedRow decoded;  // prefill: unpack each row once, reuse it for every token
     for (int64_t r = begin; r < end; ++r) {
+      decoded.load(w, row_begin + r);
       for (int64_t t = 0; t < n; ++t) {
-        y[t * rows + r] =
-            cpu::quant_row_dot(w, row_begin + r, x + t * in, sums.data() + t * in / 64);
+        y[t * rows + r] = decoded.dot(x + t * in, sums.data() + t * in / 64);
       }
     }
   });
