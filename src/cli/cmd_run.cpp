@@ -1,6 +1,5 @@
 // `lily run`: offline greedy generation from prompt ids; prints one JSON object.
 #include <charconv>
-#include <chrono>
 #include <cstdio>
 #include <iostream>
 
@@ -78,10 +77,7 @@ int cmd_run(const std::vector<std::string>& argv) {
     options.stop_tokens.insert(checkpoint->config.eos_token_ids.begin(),
                                checkpoint->config.eos_token_ids.end());
   }
-  const auto start = std::chrono::steady_clock::now();
   const GenerationResult result = generate_greedy(model, state, prompt, options);
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   Json out = {{"prompt_ids", prompt}, {"tokens", result.tokens},
               {"finish_reason", result.finish_reason}};
@@ -95,9 +91,16 @@ int cmd_run(const std::vector<std::string>& argv) {
     out["steps"] = steps;
   }
   std::cout << out.dump() << "\n";
-  std::fprintf(stderr, "%zu prompt + %zu generated tokens in %.3f s on %s (%d threads)\n",
-               prompt.size(), result.tokens.size(), seconds, backend->name().c_str(),
-               backend->threads());
+  // Rough figures only; measurements are `lily bench`'s job.
+  const double decode_steps = static_cast<double>(result.tokens.size()) - 1.0;
+  std::fprintf(stderr,
+               "prefill %zu tokens in %.3f s (%.1f tok/s); decode %.0f steps in %.3f s "
+               "(%.1f tok/s); %s backend, %d threads\n",
+               prompt.size(), result.prefill_seconds,
+               static_cast<double>(prompt.size()) / result.prefill_seconds, decode_steps,
+               result.decode_seconds,
+               decode_steps > 0 ? decode_steps / result.decode_seconds : 0.0,
+               backend->name().c_str(), backend->threads());
   return 0;
 }
 

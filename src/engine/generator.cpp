@@ -2,6 +2,7 @@
 #include "engine/generator.h"
 
 #include <algorithm>
+#include <chrono>
 #include <numeric>
 #include <stdexcept>
 
@@ -41,32 +42,32 @@ GenerationResult generate_greedy(Qwen36Model& model, DecodeState& state,
     result.finish_reason = "length";
     return result;
   }
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point start = Clock::now();
+  result.tokens.reserve(static_cast<size_t>(options.max_tokens));
   step(prompt);
+  const Clock::time_point first = Clock::now();
+  result.prefill_seconds = std::chrono::duration<double>(first - start).count();
+  auto finish = [&](const char* reason, int64_t fed) {
+    result.finish_reason = reason;
+    result.fed = fed;
+    result.decode_seconds = std::chrono::duration<double>(Clock::now() - first).count();
+    return result;
+  };
   for (;;) {
     const int32_t last = result.tokens.back();
     const bool is_stop = options.stop_tokens.count(last) != 0;
     const bool cancelled = options.on_token && !options.on_token(last);
     const auto produced = static_cast<int64_t>(result.tokens.size());
     if (is_stop) {
-      result.finish_reason = "stop";
       // Lily's pipelined decode has already fed the stop token when it sees it (except on
       // token 0); feeding it here keeps the state identical across backends.
-      if (produced >= 2) {
-        model.forward(state, std::span<const int32_t>(&result.tokens.back(), 1));
-        result.fed = produced;
-      }
-      return result;
+      if (produced < 2) return finish("stop", 0);
+      model.forward(state, std::span<const int32_t>(&result.tokens.back(), 1));
+      return finish("stop", produced);
     }
-    if (cancelled) {
-      result.finish_reason = "cancelled";
-      result.fed = produced - 1;
-      return result;
-    }
-    if (produced >= options.max_tokens) {
-      result.finish_reason = "length";
-      result.fed = produced - 1;
-      return result;
-    }
+    if (cancelled) return finish("cancelled", produced - 1);
+    if (produced >= options.max_tokens) return finish("length", produced - 1);
     step(std::span<const int32_t>(&result.tokens.back(), 1));
   }
 }

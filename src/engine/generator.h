@@ -30,6 +30,8 @@ struct GenerationResult {
   // state then holds prompt + tokens[0, fed).
   int64_t fed = 0;
   std::vector<std::vector<std::pair<int32_t, float>>> steps;  // top logits per token
+  double prefill_seconds = 0;  // prompt in, first token out
+  double decode_seconds = 0;   // the decode steps after it
 };
 
 // Prefills `prompt` on top of the state (which may already hold a prefix) and decodes greedily.

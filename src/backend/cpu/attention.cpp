@@ -58,8 +58,9 @@ void CpuBackend::attention_prepare(float* qg, float* k, const DenseView& q_norm,
                    k_norm.shape.size() == 1 && static_cast<int64_t>(k_norm.shape[0]) == D,
                "attention_prepare", "q_norm and k_norm must have head_dim entries");
   pool_.parallel_for(n, [&](int64_t begin, int64_t end) {
-    std::vector<float> cos_table(static_cast<size_t>(dims.rotary_dim / 2));
-    std::vector<float> sin_table(cos_table.size());
+    thread_local std::vector<float> cos_table, sin_table;
+    cos_table.resize(static_cast<size_t>(dims.rotary_dim / 2));
+    sin_table.resize(cos_table.size());
     for (int64_t t = begin; t < end; ++t) {
       rope_tables(dims, start_pos + t, cos_table.data(), sin_table.data());
       for (int64_t h = 0; h < dims.q_heads; ++h) {
@@ -92,7 +93,8 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, floa
   const int64_t group = dims.q_heads / dims.kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   pool_.parallel_for(n * dims.q_heads, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(static_cast<size_t>(start_pos + n));
+    thread_local std::vector<float> scores;
+    if (scores.size() < static_cast<size_t>(start_pos + n)) scores.resize(static_cast<size_t>(start_pos + n));
     for (int64_t item = begin; item < end; ++item) {
       const int64_t t = item / dims.q_heads;
       const int64_t h = item % dims.q_heads;

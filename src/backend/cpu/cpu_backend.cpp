@@ -19,6 +19,12 @@ void CpuBackend::prepare(const ModelWeights& weights) {
   cpu::check_quant(weights.lm_head, "prepare");
 }
 
+float* CpuBackend::scratch(ScratchSlot slot, size_t count) {
+  std::vector<float>& buffer = scratch_[slot];
+  if (buffer.size() < count) buffer.resize(count);
+  return buffer.data();
+}
+
 float* CpuBackend::alloc(size_t count) { return buffers_.emplace_back(count, 0.0f).data(); }
 int32_t* CpuBackend::alloc_i32(size_t count) { return int_buffers_.emplace_back(count, 0).data(); }
 void CpuBackend::zero(float* buffer, size_t count) { std::fill(buffer, buffer + count, 0.0f); }
@@ -87,29 +93,30 @@ void CpuBackend::gated_rms_norm(const float* x, const float* z, const DenseView&
 void CpuBackend::moe_route(const float* logits, int64_t n, int64_t experts, int64_t k,
                            int32_t* ids, float* weights) {
   cpu::require(k > 0 && k <= experts, "moe_route", "k must be in [1, experts]");
-  std::vector<float> probs(static_cast<size_t>(experts));
-  std::vector<int32_t> order(static_cast<size_t>(experts));
+  float* probs = scratch(kProbs, static_cast<size_t>(experts));
+  if (order_.size() < static_cast<size_t>(experts)) order_.resize(static_cast<size_t>(experts));
+  const auto order = order_.begin();
   for (int64_t t = 0; t < n; ++t) {
     const float* l = logits + t * experts;
     const float max = *std::max_element(l, l + experts);
     float total = 0.0f;
     for (int64_t e = 0; e < experts; ++e) {
-      probs[static_cast<size_t>(e)] = std::exp(l[e] - max);
-      total += probs[static_cast<size_t>(e)];
+      probs[e] = std::exp(l[e] - max);
+      total += probs[e];
     }
-    std::iota(order.begin(), order.end(), 0);
+    std::iota(order, order + experts, 0);
     // Larger probability first; equal probabilities keep the lower expert id first.
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
-      const float pa = probs[static_cast<size_t>(a)];
-      const float pb = probs[static_cast<size_t>(b)];
+    std::partial_sort(order, order + k, order + experts, [&](int32_t a, int32_t b) {
+      const float pa = probs[a];
+      const float pb = probs[b];
       return pa != pb ? pa > pb : a < b;
     });
     float top_total = 0.0f;
-    for (int64_t j = 0; j < k; ++j) top_total += probs[static_cast<size_t>(order[static_cast<size_t>(j)])] / total;
+    for (int64_t j = 0; j < k; ++j) top_total += probs[order[j]] / total;
     for (int64_t j = 0; j < k; ++j) {
-      const int32_t e = order[static_cast<size_t>(j)];
+      const int32_t e = order[j];
       ids[t * k + j] = e;
-      weights[t * k + j] = probs[static_cast<size_t>(e)] / total / top_total;
+      weights[t * k + j] = probs[e] / total / top_total;
     }
   }
 }

@@ -54,7 +54,13 @@ class CpuBackend final : public Backend {
   void argmax(const float* logits, int64_t n, int64_t vocab, int32_t* out) override;
 
  private:
+  // Scratch that only grows: after the first step of a shape nothing is allocated per call.
+  enum ScratchSlot { kSumsA, kSumsB, kProbs, kSlotCount };
+  float* scratch(ScratchSlot slot, size_t count);
+
   ThreadPool pool_;
+  std::vector<float> scratch_[kSlotCount];
+  std::vector<int32_t> order_;
   std::deque<std::vector<float>> buffers_;
   std::deque<std::vector<int32_t>> int_buffers_;
 };

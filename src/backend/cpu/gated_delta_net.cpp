@@ -34,8 +34,9 @@ void CpuBackend::conv1d_silu(const float* mixed, float* window, const DenseView&
   cpu::require(weight.nbytes == static_cast<uint64_t>(C * K) * 2 && weight.dtype == DType::BF16,
                "conv1d_silu", "weight must be BF16 with channels x kernel taps");
   pool_.parallel_for(C, [&](int64_t begin, int64_t end) {
-    std::vector<float> taps(static_cast<size_t>(K));
-    std::vector<float> history(static_cast<size_t>(K - 1 + n));
+    thread_local std::vector<float> taps, history;
+    taps.resize(static_cast<size_t>(K));
+    history.resize(static_cast<size_t>(K - 1 + n));
     for (int64_t c = begin; c < end; ++c) {
       for (int64_t j = 0; j < K; ++j) taps[static_cast<size_t>(j)] = cpu::dense_value(weight, c * K + j);
       // history = the cached K-1 inputs, then this chunk's inputs, for channel c.
@@ -66,7 +67,10 @@ void CpuBackend::gated_delta_rule(const float* conv, const float* a, const float
   const int64_t ratio = Hv / dims.key_heads;
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(Dk));
   pool_.parallel_for(Hv, [&](int64_t begin, int64_t end) {
-    std::vector<float> q(static_cast<size_t>(Dk)), k(static_cast<size_t>(Dk)), m(static_cast<size_t>(Dv));
+    thread_local std::vector<float> q, k, m;
+    q.resize(static_cast<size_t>(Dk));
+    k.resize(static_cast<size_t>(Dk));
+    m.resize(static_cast<size_t>(Dv));
     for (int64_t h = begin; h < end; ++h) {
       const int64_t kh = h / ratio;
       const float decay_rate = std::exp(cpu::dense_value(a_log, h));

@@ -35,10 +35,8 @@ void check_ids(const int32_t* ids, int64_t count, uint64_t experts, const char* 
   }
 }
 
-std::vector<float> all_group_sums(const float* x, int64_t rows, int64_t width) {
-  std::vector<float> sums(static_cast<size_t>(rows * width / 64));
-  for (int64_t r = 0; r < rows; ++r) cpu::group_sums(x + r * width, width, sums.data() + r * width / 64);
-  return sums;
+void all_group_sums(const float* x, int64_t rows, int64_t width, float* sums) {
+  for (int64_t r = 0; r < rows; ++r) cpu::group_sums(x + r * width, width, sums + r * width / 64);
 }
 
 }  // namespace
@@ -53,14 +51,15 @@ void CpuBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const
   check_ids(ids, n * k, gate.experts, "expert_swiglu");
   const auto I = static_cast<int64_t>(gate.out);
   const auto in = static_cast<int64_t>(gate.in);
-  const std::vector<float> sums = all_group_sums(x, n, in);
+  float* sums = scratch(kSumsA, static_cast<size_t>(n * in / 64));
+  all_group_sums(x, n, in, sums);
   if (n == 1) {  // decode: every (slot, row) is independent work
     pool_.parallel_for(k * I, [&](int64_t begin, int64_t end) {
       for (int64_t item = begin; item < end; ++item) {
         const int64_t slot = item / I;
         const int64_t e = ids != nullptr ? ids[slot] : 0;
-        const float g = cpu::quant_row_dot(gate, e * I + item % I, x, sums.data());
-        const float u = cpu::quant_row_dot(up, e * I + item % I, x, sums.data());
+        const float g = cpu::quant_row_dot(gate, e * I + item % I, x, sums);
+        const float u = cpu::quant_row_dot(up, e * I + item % I, x, sums);
         h[item] = silu(g) * u;
       }
     });
@@ -69,7 +68,7 @@ void CpuBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const
   const ExpertGroups groups(ids, n * k, gate.experts);
   const auto used = static_cast<int64_t>(groups.experts.size());
   pool_.parallel_for(used * I, [&](int64_t begin, int64_t end) {
-    cpu::DecodedRow gate_row, up_row;
+    thread_local cpu::DecodedRow gate_row, up_row;
     for (int64_t item = begin; item < end; ++item) {
       const auto which = static_cast<size_t>(item / I);
       const int64_t r = item % I;
@@ -78,7 +77,7 @@ void CpuBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const
       up_row.load(up, e * I + r);
       for (int64_t slot : groups.slots[which]) {
         const int64_t t = slot / k;
-        const float* st = sums.data() + t * in / 64;
+        const float* st = sums + t * in / 64;
         h[slot * I + r] = silu(gate_row.dot(x + t * in, st)) * up_row.dot(x + t * in, st);
       }
     }
@@ -98,36 +97,38 @@ void CpuBackend::expert_down_combine(const QuantView& down, const float* h, cons
   const auto H = static_cast<int64_t>(down.out);
   const auto I = static_cast<int64_t>(down.in);
   const auto S = static_cast<int64_t>(shared_down.in);
-  const std::vector<float> sums = all_group_sums(h, n * k, I);
-  const std::vector<float> shared_sums = all_group_sums(shared_h, n, S);
+  float* sums = scratch(kSumsA, static_cast<size_t>(n * k * I / 64));
+  all_group_sums(h, n * k, I, sums);
+  float* shared_sums = scratch(kSumsB, static_cast<size_t>(n * S / 64));
+  all_group_sums(shared_h, n, S, shared_sums);
   if (n == 1) {
     const float gate = 1.0f / (1.0f + std::exp(-shared_logit[0]));
     pool_.parallel_for(H, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         float acc = 0.0f;
         for (int64_t j = 0; j < k; ++j) {
-          acc += weights[j] * cpu::quant_row_dot(down, ids[j] * H + r, h + j * I, sums.data() + j * I / 64);
+          acc += weights[j] * cpu::quant_row_dot(down, ids[j] * H + r, h + j * I, sums + j * I / 64);
         }
-        out[r] = acc + gate * cpu::quant_row_dot(shared_down, r, shared_h, shared_sums.data());
+        out[r] = acc + gate * cpu::quant_row_dot(shared_down, r, shared_h, shared_sums);
       }
     });
     return;
   }
   const ExpertGroups groups(ids, n * k, down.experts);
   pool_.parallel_for(H, [&](int64_t begin, int64_t end) {
-    cpu::DecodedRow row;
+    thread_local cpu::DecodedRow row;
     for (int64_t r = begin; r < end; ++r) {
       for (int64_t t = 0; t < n; ++t) out[t * H + r] = 0.0f;
       for (size_t which = 0; which < groups.experts.size(); ++which) {
         row.load(down, groups.experts[which] * H + r);
         for (int64_t slot : groups.slots[which]) {
-          out[(slot / k) * H + r] += weights[slot] * row.dot(h + slot * I, sums.data() + slot * I / 64);
+          out[(slot / k) * H + r] += weights[slot] * row.dot(h + slot * I, sums + slot * I / 64);
         }
       }
       row.load(shared_down, r);
       for (int64_t t = 0; t < n; ++t) {
         const float gate = 1.0f / (1.0f + std::exp(-shared_logit[t]));
-        out[t * H + r] += gate * row.dot(shared_h + t * S, shared_sums.data() + t * S / 64);
+        out[t * H + r] += gate * row.dot(shared_h + t * S, shared_sums + t * S / 64);
       }
     }
   });

@@ -137,20 +137,20 @@ void CpuBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, con
                              ") outside " + w.name + " (" + std::to_string(w.rows()) + " rows)");
   cpu::require(n > 0 && x != nullptr && y != nullptr, "matmul", "empty input or output");
   const auto in = static_cast<int64_t>(w.in);
-  std::vector<float> sums(static_cast<size_t>(n * in / 64));
-  for (int64_t t = 0; t < n; ++t) cpu::group_sums(x + t * in, in, sums.data() + t * in / 64);
+  float* sums = scratch(kSumsA, static_cast<size_t>(n * in / 64));
+  for (int64_t t = 0; t < n; ++t) cpu::group_sums(x + t * in, in, sums + t * in / 64);
   pool_.parallel_for(rows, [&](int64_t begin, int64_t end) {
     if (n == 1) {  // decode: one pass over the packed row
       for (int64_t r = begin; r < end; ++r) {
-        y[r] = cpu::quant_row_dot(w, row_begin + r, x, sums.data());
+        y[r] = cpu::quant_row_dot(w, row_begin + r, x, sums);
       }
       return;
     }
-    cpu::DecodedRow decoded;  // prefill: unpack each row once, reuse it for every token
+    thread_local cpu::DecodedRow decoded;  // prefill: unpack each row once, reuse it for every token
     for (int64_t r = begin; r < end; ++r) {
       decoded.load(w, row_begin + r);
       for (int64_t t = 0; t < n; ++t) {
-        y[t * rows + r] = decoded.dot(x + t * in, sums.data() + t * in / 64);
+        y[t * rows + r] = decoded.dot(x + t * in, sums + t * in / 64);
       }
     }
   });
