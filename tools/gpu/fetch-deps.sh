@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Unpacks the Debian packages the GPU machine lacks (it installs nothing) into .deps/root,
+# which tools/gpu/run.sh uses and the device call carries (`carry: [".deps"]`).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+rm -rf .deps && mkdir -p .deps/debs .deps/root
+(cd .deps/debs && apt-get download nlohmann-json3-dev libutf8proc-dev libutf8proc2)
+for deb in .deps/debs/*.deb; do dpkg -x "$deb" .deps/root; done
+rm -rf .deps/debs
+grep -qx '/.deps/' .git/info/exclude 2>/dev/null || echo '/.deps/' >> .git/info/exclude
