@@ -11,6 +11,9 @@
 #include "core/strict_json.h"
 #include "engine/generator.h"
 #include "model/qwen36_model.h"
+#include "text/chat_format.h"
+#include "text/stop_tokens.h"
+#include "text/tokenizer.h"
 
 namespace lily {
 
@@ -41,6 +44,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   const std::vector<OptionSpec> spec = {
       {"model", true, "checkpoint directory (required)"},
       {"prompt-ids", true, "comma-separated prompt token ids"},
+      {"prompt", true, "a user message, rendered through the chat format (thinking off)"},
       {"max-tokens", true, "tokens to generate (default 16)"},
       {"top-logits", true, "also print the K largest logits of every step (default 0)"},
       {"max-seq", true, "state capacity in tokens, prompt + generated (default 4096)"},
@@ -54,15 +58,24 @@ int cmd_run(const std::vector<std::string>& argv) {
     throw InputError("--device is \"" + device + "\", expected auto or cpu (this build has no "
                      "CUDA backend)");
   }
-  if (!args.has("prompt-ids")) throw InputError("missing required option --prompt-ids");
+  if (args.has("prompt-ids") == args.has("prompt")) {
+    throw InputError("give exactly one of --prompt-ids and --prompt");
+  }
   const uint64_t max_tokens = args.uint_or("max-tokens", 16, 0, 1u << 20);
   const uint64_t top = args.uint_or("top-logits", 0, 0, 1024);
   const uint64_t max_seq = args.uint_or("max-seq", 4096, 1, 262144);
   const uint64_t threads = args.uint_or("threads", 0, 0, 1024);
 
-  const std::unique_ptr<Checkpoint> checkpoint = open_checkpoint(args.required("model"));
-  const std::vector<int32_t> prompt =
-      parse_ids(args.required("prompt-ids"), checkpoint->config.shape.vocab_size);
+  const std::string dir = args.required("model");
+  const std::unique_ptr<Checkpoint> checkpoint = open_checkpoint(dir);
+  const Tokenizer tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");
+  std::vector<int32_t> prompt;
+  if (args.has("prompt")) {
+    const std::string rendered = render_chat({ChatMessage{ChatRole::user, args.required("prompt")}});
+    for (uint32_t id : tokenizer.encode(rendered)) prompt.push_back(static_cast<int32_t>(id));
+  } else {
+    prompt = parse_ids(args.required("prompt-ids"), checkpoint->config.shape.vocab_size);
+  }
   if (prompt.size() + max_tokens > max_seq) {
     throw InputError("prompt (" + std::to_string(prompt.size()) + " tokens) + --max-tokens " +
                      std::to_string(max_tokens) + " exceed --max-seq " + std::to_string(max_seq));
@@ -74,13 +87,19 @@ int cmd_run(const std::vector<std::string>& argv) {
   options.max_tokens = static_cast<int64_t>(max_tokens);
   options.top_logits = static_cast<int>(top);
   if (!args.has("ignore-eos")) {
-    options.stop_tokens.insert(checkpoint->config.eos_token_ids.begin(),
-                               checkpoint->config.eos_token_ids.end());
+    const std::string config_path = dir + "/tokenizer_config.json";
+    const Json tokenizer_config = read_strict_json_file(config_path, 16u << 20, 64);
+    for (uint32_t id : stop_token_ids(tokenizer, tokenizer_config,
+                                      checkpoint->config.eos_token_ids, config_path)) {
+      options.stop_tokens.insert(static_cast<int32_t>(id));
+    }
   }
   const GenerationResult result = generate_greedy(model, state, prompt, options);
 
+  std::vector<uint32_t> token_ids(result.tokens.begin(), result.tokens.end());
   Json out = {{"prompt_ids", prompt}, {"tokens", result.tokens},
-              {"finish_reason", result.finish_reason}};
+              {"finish_reason", result.finish_reason},
+              {"text", tokenizer.decode(token_ids, /*skip_special_tokens=*/true)}};
   if (top > 0) {
     Json steps = Json::array();
     for (const auto& step : result.steps) {
@@ -90,7 +109,7 @@ int cmd_run(const std::vector<std::string>& argv) {
     }
     out["steps"] = steps;
   }
-  std::cout << out.dump() << "\n";
+  std::cout << out.dump(-1, ' ', false, Json::error_handler_t::replace) << "\n";
   // Rough figures only; measurements are `lily bench`'s job.
   const double decode_steps = static_cast<double>(result.tokens.size()) - 1.0;
   std::fprintf(stderr,
