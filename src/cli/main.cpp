@@ -24,7 +24,7 @@ constexpr Command kCommands[] = {
     {"tokenize", lily::cmd_tokenize, "--tokenizer FILE [--decode]   JSON lines: text <-> token ids"},
     {"run", lily::cmd_run,
      "--model DIR --prompt-ids 1,2,3 [--max-tokens N] [--top-logits K]   greedy generation"},
-    {"render-chat", lily::cmd_render_chat, "< messages.jsonl   one rendered prompt per input line"},
+    {"render-chat", lily::cmd_render_chat, "< messages.jsonl   one rendered prompt per line"},
 };
 
 void print_usage(FILE* out) {

@@ -108,8 +108,7 @@ std::string python_strip(std::string_view text) {
   while (end > begin) {
     // Step back to the lead byte of the last sequence (at most 3 continuation bytes).
     size_t start = end - 1;
-    while (start > begin && end - start < 4 &&
-           (static_cast<uint8_t>(text[start]) & 0xC0) == 0x80) {
+    while (start > begin && end - start < 4 && (static_cast<uint8_t>(text[start]) & 0xC0) == 0x80) {
       --start;
     }
     uint32_t cp = 0;
@@ -257,9 +256,8 @@ std::string render_chat_template(const std::vector<TemplateMessage>& messages,
           reasoning = *m.reasoning_content;
         } else if (content.find(kThinkClose) != std::string::npos) {
           const std::string_view c(content);
-          reasoning = std::string(
-              lstrip_char(split_last(rstrip_char(split_first(c, kThinkClose), '\n'), kThinkOpen),
-                          '\n'));
+          reasoning = std::string(lstrip_char(
+              split_last(rstrip_char(split_first(c, kThinkClose), '\n'), kThinkOpen), '\n'));
           content = std::string(lstrip_char(split_last(c, kThinkClose), '\n'));
         }
         reasoning = python_strip(reasoning);

@@ -1,0 +1,140 @@
+// Tests for `lily render-chat`: one answer line per input line, error lines, exit codes.
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/strict_json.h"
+
+namespace {
+
+struct CliRun {
+  int exit_code = -1;
+  std::vector<std::string> lines;  // stdout, split at '\n' (the final '\n' expected)
+  std::string stdout_text;
+  std::string stderr_text;
+};
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+// Runs `lily render-chat <extra>` with `input` on stdin.
+CliRun render_chat(const std::string& input, const std::string& extra = "") {
+  // Unique per test and process: CTest runs the discovered tests in parallel.
+  const std::string base = testing::TempDir() + "/lily_render_chat_" +
+                           testing::UnitTest::GetInstance()->current_test_info()->name() + "_" +
+                           std::to_string(getpid());
+  const std::string in = base + ".in";
+  const std::string out = base + ".out";
+  const std::string err = base + ".err";
+  {
+    std::ofstream f(in, std::ios::binary);
+    f << input;
+  }
+  const std::string command = std::string("'") + LILY_BINARY + "' render-chat " + extra + " < '" +
+                              in + "' > '" + out + "' 2> '" + err + "'";
+  const int status = std::system(command.c_str());
+  CliRun run;
+  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  run.stdout_text = slurp(out);
+  run.stderr_text = slurp(err);
+  for (const std::string& path : {in, out, err}) std::remove(path.c_str());
+  std::string line;
+  std::istringstream s(run.stdout_text);
+  while (std::getline(s, line)) run.lines.push_back(line);
+  return run;
+}
+
+lily::Json parse(const std::string& line) {
+  return lily::parse_strict_json(line, "output", 8);
+}
+
+std::string error_text(const std::string& line) {
+  const lily::Json j = parse(line);
+  if (!j.is_object() || !j.contains("error") || !j["error"].is_string()) {
+    ADD_FAILURE() << "not an error line: " << line;
+    return {};
+  }
+  return j["error"].get<std::string>();
+}
+
+TEST(RenderChatCli, OneAnswerPerLineAndErrorsDoNotStopProcessing) {
+  const std::string input =
+      "[{\"role\":\"system\",\"content\":\" S \"},{\"role\":\"user\",\"content\":\"Hello\"}]\n"
+      "not json\n"
+      "[]\n"
+      "\n"
+      "[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"system\",\"content\":\"s\"}]\n"
+      "[{\"role\":\"tool\",\"content\":\"x\"}]\n"
+      "[{\"role\":\"user\",\"content\":\"a\",\"content\":\"b\"}]\n"
+      "[{\"role\":\"user\",\"content\":\"\xff\"}]\n"
+      "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n"
+      "{\"role\":\"user\",\"content\":\"x\"}\n"
+      "[{\"role\":\"user\",\"content\":\"crlf\"}]\r\n"
+      "[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"a\"}]";
+  const CliRun run = render_chat(input);
+  EXPECT_EQ(run.exit_code, 0);
+  EXPECT_EQ(run.stderr_text, "");
+  ASSERT_EQ(run.lines.size(), 12u) << run.stdout_text;
+  EXPECT_EQ(run.stdout_text.back(), '\n');
+  EXPECT_EQ(parse(run.lines[0]).get<std::string>(),
+            "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\nHello<|im_end|>\n"
+            "<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  EXPECT_EQ(run.lines[0],
+            "\"<|im_start|>system\\nS<|im_end|>\\n<|im_start|>user\\nHello<|im_end|>\\n"
+            "<|im_start|>assistant\\n<think>\\n\\n</think>\\n\\n\"");
+  EXPECT_EQ(error_text(run.lines[1]).rfind("line 2: not valid JSON: ", 0), 0u) << run.lines[1];
+  EXPECT_EQ(error_text(run.lines[2]),
+            "chat template: No messages provided. (the message list is empty)");
+  EXPECT_EQ(error_text(run.lines[3]).rfind("line 4: not valid JSON: ", 0), 0u);
+  EXPECT_EQ(error_text(run.lines[4]),
+            "chat template: System message must be at the beginning. (messages[1] has role "
+            "system)");
+  EXPECT_NE(error_text(run.lines[5]).find("messages[0].role must be"), std::string::npos);
+  EXPECT_EQ(error_text(run.lines[6]), "line 7: duplicate key \"content\"");
+  EXPECT_EQ(error_text(run.lines[7]).rfind("line 8: not valid JSON: ", 0), 0u);
+  EXPECT_EQ(error_text(run.lines[8]), "line 9: JSON nesting deeper than 16 levels");
+  EXPECT_NE(error_text(run.lines[9]).find("messages must be a JSON array"), std::string::npos);
+  EXPECT_EQ(parse(run.lines[10]).get<std::string>(),
+            "<|im_start|>user\ncrlf<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+  // The last line has no '\n' and still gets an answer; a trailing assistant turn renders.
+  EXPECT_EQ(parse(run.lines[11]).get<std::string>(),
+            "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\na"
+            "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+}
+
+TEST(RenderChatCli, UnicodeIsWrittenAsUtf8) {
+  const CliRun run =
+      render_chat("[{\"role\":\"user\",\"content\":\"\\u00e9\\ud83d\\ude00 \\u2028\"}]\n");
+  EXPECT_EQ(run.exit_code, 0);
+  ASSERT_EQ(run.lines.size(), 1u);
+  EXPECT_EQ(parse(run.lines[0]).get<std::string>(),
+            "<|im_start|>user\n\u00e9\U0001F600<|im_end|>\n<|im_start|>assistant\n<think>\n\n"
+            "</think>\n\n");
+}
+
+TEST(RenderChatCli, EmptyInputGivesNoOutput) {
+  const CliRun run = render_chat("");
+  EXPECT_EQ(run.exit_code, 0);
+  EXPECT_EQ(run.stdout_text, "");
+}
+
+TEST(RenderChatCli, ArgumentsAreAUsageError) {
+  const CliRun run = render_chat("[]\n", "--model x");
+  EXPECT_EQ(run.exit_code, 2);
+  EXPECT_EQ(run.stdout_text, "");
+  EXPECT_EQ(run.stderr_text.rfind("error: unknown option --model", 0), 0u) << run.stderr_text;
+}
+
+}  // namespace
