@@ -81,6 +81,7 @@ int cmd_tokenize(const std::vector<std::string>& argv) {
   const Tokenizer tokenizer = Tokenizer::from_file(args.required("tokenizer"));
   const bool decode = args.has("decode");
 
+  std::ios::sync_with_stdio(false);  // std::cin only; output goes through stdio's stdout
   std::string line;
   uint64_t line_number = 0;
   uint64_t bad_lines = 0;

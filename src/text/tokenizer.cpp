@@ -1,6 +1,7 @@
 // The lily tokenizer: Qwen's byte-level BPE from tokenizer.json, encode and decode.
 #include "text/tokenizer.h"
 
+#include <filesystem>
 #include <fstream>
 
 #include "core/error.h"
@@ -44,6 +45,11 @@ Tokenizer& Tokenizer::operator=(Tokenizer&&) noexcept = default;
 Tokenizer::~Tokenizer() = default;
 
 Tokenizer Tokenizer::from_file(const std::string& path) {
+  std::error_code error;
+  if (!std::filesystem::is_regular_file(path, error)) {
+    throw InputError("cannot open tokenizer file " + path + ": " +
+                     (std::filesystem::exists(path, error) ? "not a regular file" : "no such file"));
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) throw InputError("cannot open tokenizer file " + path);
   in.seekg(0, std::ios::end);

@@ -310,8 +310,8 @@ class Checker {
 
   void byte_level(const Json* value, const std::string& path) const {
     const Json& o = object(value, path);
-    only_fields(o, path, {"type", "add_prefix_space", "trim_offsets", "use_regex"});
     equals(o, path, "type", "ByteLevel");
+    only_fields(o, path, {"type", "add_prefix_space", "trim_offsets", "use_regex"});
     equals(o, path, "add_prefix_space", false);
     equals(o, path, "trim_offsets", false);
     equals(o, path, "use_regex", false);
@@ -323,8 +323,8 @@ class Checker {
 
 SplitPattern check_pre_tokenizer(const Checker& c, const Json* value) {
   const Json& pre = c.object(value, "pre_tokenizer");
-  c.only_fields(pre, "pre_tokenizer", {"type", "pretokenizers"});
   c.equals(pre, "pre_tokenizer", "type", "Sequence");
+  c.only_fields(pre, "pre_tokenizer", {"type", "pretokenizers"});
   const Json* list = c.field(pre, "pre_tokenizer", "pretokenizers");
   if (list == nullptr) c.fail("pre_tokenizer.pretokenizers", "missing", "[Split, ByteLevel]");
   if (!list->is_array() || list->size() != 2) {
@@ -332,8 +332,8 @@ SplitPattern check_pre_tokenizer(const Checker& c, const Json* value) {
   }
   const std::string split_path = "pre_tokenizer.pretokenizers[0]";
   const Json& split = c.object(&(*list)[0], split_path);
-  c.only_fields(split, split_path, {"type", "pattern", "behavior", "invert"});
   c.equals(split, split_path, "type", "Split");
+  c.only_fields(split, split_path, {"type", "pattern", "behavior", "invert"});
   c.equals(split, split_path, "behavior", "Isolated");
   c.equals(split, split_path, "invert", false);
   const Json& pattern = c.object(c.field(split, split_path, "pattern"), split_path + ".pattern");
@@ -359,10 +359,10 @@ SplitPattern check_pre_tokenizer(const Checker& c, const Json* value) {
 
 void check_model_fields(const Checker& c, const Json* value) {
   const Json& model = c.object(value, "model");
+  c.equals(model, "model", "type", "BPE");
   c.only_fields(model, "model",
                 {"type", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
                  "fuse_unk", "byte_fallback", "ignore_merges", "vocab", "merges"});
-  c.equals(model, "model", "type", "BPE");
   c.optional_in(model, "model", "dropout", {nullptr});
   c.optional_in(model, "model", "unk_token", {nullptr});
   c.optional_in(model, "model", "continuing_subword_prefix", {"", nullptr});
@@ -503,8 +503,8 @@ std::unique_ptr<TokenizerSpec> parse_tokenizer_json(std::string_view text, std::
   c.optional_in(root, "", "truncation", {nullptr});
   c.optional_in(root, "", "padding", {nullptr});
   const Json& normalizer = c.object(c.field(root, "", "normalizer"), "normalizer");
-  c.only_fields(normalizer, "normalizer", {"type"});
   c.equals(normalizer, "normalizer", "type", "NFC");
+  c.only_fields(normalizer, "normalizer", {"type"});
   auto spec = std::make_unique<TokenizerSpec>();
   spec->pattern = check_pre_tokenizer(c, c.field(root, "", "pre_tokenizer"));
   if (const Json* post = c.field(root, "", "post_processor"); post != nullptr && !post->is_null()) {

@@ -5,6 +5,7 @@
 
 #include <array>
 #include <cstdlib>
+#include <iterator>
 #include <memory>
 #include <new>
 
@@ -74,7 +75,48 @@ const BmpTable& bmp_table() {
   return table;
 }
 
+// Code points NFC can touch in Unicode 15.0 that Unicode 9.0 had not assigned.
+struct Range {
+  char32_t first;
+  char32_t last;
+};
+constexpr Range kNewerThanUnicode9[] = {
+#include "text/unicode9_nfc_table.inc"
+};
+
+void append_utf8proc_nfc(std::string_view text, std::string& out) {
+  if (text.empty()) return;
+  utf8proc_uint8_t* mapped = nullptr;
+  const utf8proc_ssize_t length =
+      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
+                   static_cast<utf8proc_ssize_t>(text.size()), &mapped,
+                   static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  const std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> owner(mapped, &std::free);
+  if (length == UTF8PROC_ERROR_NOMEM) throw std::bad_alloc();
+  if (length < 0) {
+    // Callers validate UTF-8 first; anything else utf8proc reports is a bad input string.
+    throw InputError(std::string("text cannot be NFC-normalised: ") + utf8proc_errmsg(length));
+  }
+  out.append(reinterpret_cast<const char*>(mapped), static_cast<size_t>(length));
+}
+
 }  // namespace
+
+bool unknown_to_unicode9_nfc(char32_t cp) {
+  size_t lo = 0;
+  size_t hi = std::size(kNewerThanUnicode9);
+  while (lo < hi) {
+    const size_t mid = (lo + hi) / 2;
+    if (cp < kNewerThanUnicode9[mid].first) {
+      hi = mid;
+    } else if (cp > kNewerThanUnicode9[mid].last) {
+      lo = mid + 1;
+    } else {
+      return true;
+    }
+  }
+  return false;
+}
 
 uint8_t char_class(char32_t cp) {
   if (cp < 0x10000) return bmp_table().bits[cp];
@@ -107,19 +149,19 @@ void append_nfc(std::string_view text, std::string& out) {
     out.append(text);
     return;
   }
-  utf8proc_uint8_t* mapped = nullptr;
-  const utf8proc_ssize_t length =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(text.data()),
-                   static_cast<utf8proc_ssize_t>(text.size()), &mapped,
-                   static_cast<utf8proc_option_t>(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
-  const std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> owner(mapped, &std::free);
-  if (length == UTF8PROC_ERROR_NOMEM) throw std::bad_alloc();
-  if (length < 0) {
-    // Callers validate UTF-8 first; anything else utf8proc reports is a bad input string.
-    throw InputError(std::string("text cannot be NFC-normalised: ") +
-                     utf8proc_errmsg(length));
+  // NFC(a u b) = NFC(a) u NFC(b) when u is an inert starter, which is what HF's Unicode
+  // 9.0 tables make of characters assigned later: split there, keep them as they are.
+  size_t start = 0;
+  size_t i = 0;
+  while (i < text.size()) {
+    const size_t at = i;
+    const char32_t cp = utf8::decode(text, i);
+    if (cp < kNewerThanUnicode9[0].first || !unknown_to_unicode9_nfc(cp)) continue;
+    append_utf8proc_nfc(text.substr(start, at - start), out);
+    out.append(text.substr(at, i - at));
+    start = i;
   }
-  out.append(reinterpret_cast<const char*>(mapped), static_cast<size_t>(length));
+  append_utf8proc_nfc(text.substr(start), out);
 }
 
 }  // namespace lily::unicode

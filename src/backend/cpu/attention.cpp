@@ -54,9 +54,13 @@ void CpuBackend::attention_prepare(float* qg, float* k, const DenseView& q_norm,
                                    int64_t start_pos, int64_t n, float eps) {
   check_dims(dims, "attention_prepare");
   const int64_t D = dims.head_dim;
-  cpu::require(q_norm.shape.size() == 1 && static_cast<int64_t>(q_norm.shape[0]) == D &&
-                   k_norm.shape.size() == 1 && static_cast<int64_t>(k_norm.shape[0]) == D,
-               "attention_prepare", "q_norm and k_norm must have head_dim entries");
+  for (const DenseView* norm : {&q_norm, &k_norm}) {
+    cpu::require(norm->data != nullptr && norm->shape.size() == 1 &&
+                     static_cast<int64_t>(norm->shape[0]) == D &&
+                     (norm->dtype == DType::BF16 || norm->dtype == DType::F32),
+                 "attention_prepare", "q_norm and k_norm must be BF16/F32 vectors of head_dim");
+  }
+  cpu::require(start_pos >= 0 && n > 0, "attention_prepare", "needs start_pos >= 0 and n > 0");
   pool_.parallel_for(n, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> cos_table, sin_table;
     cos_table.resize(static_cast<size_t>(dims.rotary_dim / 2));

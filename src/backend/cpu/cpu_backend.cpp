@@ -93,6 +93,8 @@ void CpuBackend::gated_rms_norm(const float* x, const float* z, const DenseView&
 void CpuBackend::moe_route(const float* logits, int64_t n, int64_t experts, int64_t k,
                            int32_t* ids, float* weights) {
   cpu::require(k > 0 && k <= experts, "moe_route", "k must be in [1, experts]");
+  cpu::require(n > 0 && logits != nullptr && ids != nullptr && weights != nullptr, "moe_route",
+               "needs n > 0 rows and non-null buffers");
   float* probs = scratch(kProbs, static_cast<size_t>(experts));
   if (order_.size() < static_cast<size_t>(experts)) order_.resize(static_cast<size_t>(experts));
   const auto order = order_.begin();
@@ -122,6 +124,8 @@ void CpuBackend::moe_route(const float* logits, int64_t n, int64_t experts, int6
 }
 
 void CpuBackend::argmax(const float* logits, int64_t n, int64_t vocab, int32_t* out) {
+  cpu::require(n > 0 && vocab > 0 && logits != nullptr && out != nullptr, "argmax",
+               "needs n > 0 rows of vocab > 0 logits");
   for (int64_t t = 0; t < n; ++t) {
     const float* l = logits + t * vocab;
     int64_t best = 0;

@@ -19,7 +19,7 @@ void l2_normalize(float* x, int64_t dim) {
 }
 
 void check_dims(const GatedDeltaNetDims& d, const char* op) {
-  cpu::require(d.key_heads > 0 && d.value_heads % d.key_heads == 0 && d.key_dim > 0 &&
+  cpu::require(d.key_heads > 0 && d.value_heads > 0 && d.value_heads % d.key_heads == 0 && d.key_dim > 0 &&
                    d.value_dim > 0 && d.conv_kernel >= 2,
                op, "inconsistent Gated DeltaNet dimensions");
 }
@@ -31,8 +31,12 @@ void CpuBackend::conv1d_silu(const float* mixed, float* window, const DenseView&
   check_dims(dims, "conv1d_silu");
   const int64_t C = dims.channels();
   const int64_t K = dims.conv_kernel;
-  cpu::require(weight.nbytes == static_cast<uint64_t>(C * K) * 2 && weight.dtype == DType::BF16,
-               "conv1d_silu", "weight must be BF16 with channels x kernel taps");
+  cpu::require(weight.data != nullptr && weight.dtype == DType::BF16 && weight.shape.size() == 3 &&
+                   static_cast<int64_t>(weight.shape[0]) == C &&
+                   static_cast<int64_t>(weight.shape[1] * weight.shape[2]) == K &&
+                   weight.nbytes == static_cast<uint64_t>(C * K) * 2,
+               "conv1d_silu", "weight must be BF16 [channels, kernel, 1] or [channels, 1, kernel]");
+  cpu::require(n > 0, "conv1d_silu", "needs n > 0 tokens");
   pool_.parallel_for(C, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> taps, history;
     taps.resize(static_cast<size_t>(K));
@@ -61,9 +65,13 @@ void CpuBackend::gated_delta_rule(const float* conv, const float* a, const float
   const int64_t Dv = dims.value_dim;
   const int64_t key_width = dims.key_heads * Dk;
   const int64_t C = dims.channels();
-  cpu::require(a_log.shape.size() == 1 && static_cast<int64_t>(a_log.shape[0]) == Hv &&
-                   dt_bias.shape.size() == 1 && static_cast<int64_t>(dt_bias.shape[0]) == Hv,
-               "gated_delta_rule", "A_log and dt_bias must have one entry per value head");
+  for (const DenseView* param : {&a_log, &dt_bias}) {
+    cpu::require(param->data != nullptr && param->shape.size() == 1 &&
+                     static_cast<int64_t>(param->shape[0]) == Hv &&
+                     (param->dtype == DType::BF16 || param->dtype == DType::F32),
+                 "gated_delta_rule", "A_log and dt_bias must be BF16/F32 with one entry per value head");
+  }
+  cpu::require(n > 0, "gated_delta_rule", "needs n > 0 tokens");
   const int64_t ratio = Hv / dims.key_heads;
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(Dk));
   pool_.parallel_for(Hv, [&](int64_t begin, int64_t end) {

@@ -90,8 +90,8 @@ void CpuBackend::expert_down_combine(const QuantView& down, const float* h, cons
                                      const float* shared_logit, float* out) {
   cpu::check_quant(down, "expert_down_combine");
   cpu::check_quant(shared_down, "expert_down_combine");
-  cpu::require(down.out == shared_down.out, "expert_down_combine",
-               "routed and shared down projections must have the same output width");
+  cpu::require(down.out == shared_down.out && shared_down.experts == 1, "expert_down_combine",
+               "the shared down projection must be one matrix with the routed output width");
   cpu::require(n > 0 && k > 0 && ids != nullptr, "expert_down_combine", "empty input");
   check_ids(ids, n * k, down.experts, "expert_down_combine");
   const auto H = static_cast<int64_t>(down.out);
