@@ -8,8 +8,12 @@
 namespace lily {
 
 std::unique_ptr<Checkpoint> open_checkpoint(const std::string& dir) {
-  if (!std::filesystem::is_directory(dir)) {
-    throw InputError("model directory " + dir + " does not exist or is not a directory");
+  // The error_code overloads: a symlink loop or an over-long name is bad input, not a
+  // filesystem_error escaping as an internal fault.
+  std::error_code ec;
+  if (!std::filesystem::is_directory(dir, ec)) {
+    throw InputError("model directory " + dir + " does not exist or is not a directory" +
+                     (ec ? " (" + ec.message() + ")" : ""));
   }
   auto checkpoint = std::make_unique<Checkpoint>();
   checkpoint->dir = dir;

@@ -229,7 +229,11 @@ TensorStore TensorStore::open(const std::string& dir) {
   const fs::path root(dir);
   const fs::path index_path = root / "model.safetensors.index.json";
   std::map<std::string, std::string> weight_map;
-  const bool has_index = fs::exists(index_path);
+  // error_code overloads throughout: a symlink loop or an over-long name must surface as
+  // InputError (from the open below), not as a filesystem_error. A dangling or looping
+  // link named like the index counts as present, so the open reports it.
+  std::error_code ec;
+  const bool has_index = fs::exists(fs::symlink_status(index_path, ec));
   if (has_index) {
     std::string text;
     {
@@ -245,13 +249,13 @@ TensorStore TensorStore::open(const std::string& dir) {
     std::set<std::string> files;
     for (const auto& [tensor, file] : weight_map) files.insert(file);
     for (const std::string& file : files) {
-      if (!fs::is_regular_file(root / file)) {
+      if (!fs::is_regular_file(root / file, ec)) {
         throw InputError("model.safetensors.index.json names shard " + file +
                          ", which does not exist in " + dir);
       }
       store.shard_files_.push_back(file);
     }
-  } else if (fs::is_regular_file(root / "model.safetensors")) {
+  } else if (fs::is_regular_file(root / "model.safetensors", ec)) {
     store.shard_files_.push_back("model.safetensors");
   } else {
     throw InputError("no model.safetensors.index.json or model.safetensors in " + dir);
