@@ -8,7 +8,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 out=${OUT:-/tmp/out}
 deps=$PWD/.deps/root/usr
 export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
+commit=${LILY_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 {
   echo "date: $(date -u +%FT%TZ)"; echo "commit: $commit"
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true

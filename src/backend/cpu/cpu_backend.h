@@ -55,7 +55,7 @@ class CpuBackend final : public Backend {
 
  private:
   // Scratch that only grows: after the first step of a shape nothing is allocated per call.
-  enum ScratchSlot { kSumsA, kSumsB, kProbs, kSlotCount };
+  enum ScratchSlot { kSumsA, kSumsB, kPermutedA, kPermutedB, kProbs, kSlotCount };
   float* scratch(ScratchSlot slot, size_t count);
 
   ThreadPool pool_;

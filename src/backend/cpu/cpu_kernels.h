@@ -52,8 +52,15 @@ void axpy(float alpha, const float* x, float* y, int64_t n);
 // Sum of x over each group of 64 inputs: the bias term of every group's dot product.
 void group_sums(const float* x, int64_t in, float* sums);
 
-// sum_c W[row, c] x[c] for one quantized row, using s*sum(q*x) + b*sum(x) per group.
-float quant_row_dot(const QuantView& w, int64_t row, const float* x, const float* sums);
+// Decode-time activations in the order the packed codes come: within each group of 64, the
+// even elements then the odd ones. Byte i of a Q4 group holds element 2i (low nibble) and
+// 2i+1 (high nibble), so a row dot becomes two contiguous, vectorisable streams.
+// permuted [in]; sums [in / 64] (group sums, for the bias term).
+void prepare_input(const float* x, int64_t in, float* permuted, float* sums);
+
+// sum_c W[row, c] x[c] for one quantized row, using s*sum(q*x) + b*sum(x) per group;
+// `permuted` and `sums` come from prepare_input.
+float quant_row_dot(const QuantView& w, int64_t row, const float* permuted, const float* sums);
 
 // One quantized row unpacked for reuse across many tokens: codes as floats [in], scales and
 // biases as floats [in / 64].

@@ -52,19 +52,21 @@ void CpuBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const
   const auto I = static_cast<int64_t>(gate.out);
   const auto in = static_cast<int64_t>(gate.in);
   float* sums = scratch(kSumsA, static_cast<size_t>(n * in / 64));
-  all_group_sums(x, n, in, sums);
   if (n == 1) {  // decode: every (slot, row) is independent work
+    float* permuted = scratch(kPermutedA, static_cast<size_t>(in));
+    cpu::prepare_input(x, in, permuted, sums);
     pool_.parallel_for(k * I, [&](int64_t begin, int64_t end) {
       for (int64_t item = begin; item < end; ++item) {
         const int64_t slot = item / I;
         const int64_t e = ids != nullptr ? ids[slot] : 0;
-        const float g = cpu::quant_row_dot(gate, e * I + item % I, x, sums);
-        const float u = cpu::quant_row_dot(up, e * I + item % I, x, sums);
+        const float g = cpu::quant_row_dot(gate, e * I + item % I, permuted, sums);
+        const float u = cpu::quant_row_dot(up, e * I + item % I, permuted, sums);
         h[item] = silu(g) * u;
       }
     });
     return;
   }
+  all_group_sums(x, n, in, sums);
   const ExpertGroups groups(ids, n * k, gate.experts);
   const auto used = static_cast<int64_t>(groups.experts.size());
   pool_.parallel_for(used * I, [&](int64_t begin, int64_t end) {
@@ -98,22 +100,29 @@ void CpuBackend::expert_down_combine(const QuantView& down, const float* h, cons
   const auto I = static_cast<int64_t>(down.in);
   const auto S = static_cast<int64_t>(shared_down.in);
   float* sums = scratch(kSumsA, static_cast<size_t>(n * k * I / 64));
-  all_group_sums(h, n * k, I, sums);
   float* shared_sums = scratch(kSumsB, static_cast<size_t>(n * S / 64));
-  all_group_sums(shared_h, n, S, shared_sums);
   if (n == 1) {
+    float* permuted = scratch(kPermutedA, static_cast<size_t>(k * I));
+    float* shared_permuted = scratch(kPermutedB, static_cast<size_t>(S));
+    for (int64_t j = 0; j < k; ++j) {
+      cpu::prepare_input(h + j * I, I, permuted + j * I, sums + j * I / 64);
+    }
+    cpu::prepare_input(shared_h, S, shared_permuted, shared_sums);
     const float gate = 1.0f / (1.0f + std::exp(-shared_logit[0]));
     pool_.parallel_for(H, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         float acc = 0.0f;
         for (int64_t j = 0; j < k; ++j) {
-          acc += weights[j] * cpu::quant_row_dot(down, ids[j] * H + r, h + j * I, sums + j * I / 64);
+          acc += weights[j] *
+                 cpu::quant_row_dot(down, ids[j] * H + r, permuted + j * I, sums + j * I / 64);
         }
-        out[r] = acc + gate * cpu::quant_row_dot(shared_down, r, shared_h, shared_sums);
+        out[r] = acc + gate * cpu::quant_row_dot(shared_down, r, shared_permuted, shared_sums);
       }
     });
     return;
   }
+  all_group_sums(h, n * k, I, sums);
+  all_group_sums(shared_h, n, S, shared_sums);
   const ExpertGroups groups(ids, n * k, down.experts);
   pool_.parallel_for(H, [&](int64_t begin, int64_t end) {
     thread_local cpu::DecodedRow row;

@@ -44,31 +44,52 @@ inline void unpack_group(const std::byte* codes, int64_t g, float* q) {
   }
 }
 
-template <int Bits>
-inline float row_dot(const QuantView& w, int64_t row, const float* x, const float* sums) {
+// Q4: byte i of a group holds elements 2i (low nibble) and 2i+1 (high nibble).
+LILY_CPU_CLONES float row_dot_q4(const QuantView& w, int64_t row, const float* xp,
+                                 const float* sums) {
   const auto in = static_cast<int64_t>(w.in);
   const int64_t groups = in / 64;
-  const std::byte* codes = w.codes + row * in * Bits / 8;
+  const auto* codes = reinterpret_cast<const uint8_t*>(w.codes + row * in / 2);
   const std::byte* scales = w.scales + row * groups * 2;
   const std::byte* biases = w.biases + row * groups * 2;
-  alignas(64) float q[64];
   float acc = 0.0f;
   for (int64_t g = 0; g < groups; ++g) {
-    unpack_group<Bits>(codes, g, q);
+    const uint8_t* c = codes + g * 32;
+    const float* even = xp + g * 64;
+    const float* odd = even + 32;
     float d = 0.0f;
 #pragma omp simd reduction(+ : d)
-    for (int i = 0; i < 64; ++i) d += q[i] * x[g * 64 + i];
+    for (int i = 0; i < 32; ++i) {
+      d += static_cast<float>(c[i] & 15u) * even[i] + static_cast<float>(c[i] >> 4) * odd[i];
+    }
     acc += load_bf16(scales + g * 2) * d + load_bf16(biases + g * 2) * sums[g];
   }
   return acc;
 }
 
-LILY_CPU_CLONES float row_dot_q4(const QuantView& w, int64_t row, const float* x, const float* s) {
-  return row_dot<4>(w, row, x, s);
+// Q8: byte i is element i; element 2b pairs with even[b], 2b+1 with odd[b].
+LILY_CPU_CLONES float row_dot_q8(const QuantView& w, int64_t row, const float* xp,
+                                 const float* sums) {
+  const auto in = static_cast<int64_t>(w.in);
+  const int64_t groups = in / 64;
+  const auto* codes = reinterpret_cast<const uint8_t*>(w.codes + row * in);
+  const std::byte* scales = w.scales + row * groups * 2;
+  const std::byte* biases = w.biases + row * groups * 2;
+  float acc = 0.0f;
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* c = codes + g * 64;
+    const float* even = xp + g * 64;
+    const float* odd = even + 32;
+    float d = 0.0f;
+#pragma omp simd reduction(+ : d)
+    for (int i = 0; i < 32; ++i) {
+      d += static_cast<float>(c[2 * i]) * even[i] + static_cast<float>(c[2 * i + 1]) * odd[i];
+    }
+    acc += load_bf16(scales + g * 2) * d + load_bf16(biases + g * 2) * sums[g];
+  }
+  return acc;
 }
-LILY_CPU_CLONES float row_dot_q8(const QuantView& w, int64_t row, const float* x, const float* s) {
-  return row_dot<8>(w, row, x, s);
-}
+
 LILY_CPU_CLONES void unpack_row_q4(const std::byte* codes, int64_t groups, float* q) {
   for (int64_t g = 0; g < groups; ++g) unpack_group<4>(codes, g, q + g * 64);
 }
@@ -90,8 +111,22 @@ LILY_CPU_CLONES float grouped_dot(const float* q, const float* scale, const floa
 
 }  // namespace
 
-float quant_row_dot(const QuantView& w, int64_t row, const float* x, const float* sums) {
-  return w.bits == 4 ? row_dot_q4(w, row, x, sums) : row_dot_q8(w, row, x, sums);
+float quant_row_dot(const QuantView& w, int64_t row, const float* permuted, const float* sums) {
+  return w.bits == 4 ? row_dot_q4(w, row, permuted, sums) : row_dot_q8(w, row, permuted, sums);
+}
+
+LILY_CPU_CLONES void prepare_input(const float* x, int64_t in, float* permuted, float* sums) {
+  for (int64_t g = 0; g < in / 64; ++g) {
+    const float* xg = x + g * 64;
+    float* pg = permuted + g * 64;
+    float s = 0.0f;
+    for (int i = 0; i < 32; ++i) {
+      pg[i] = xg[2 * i];
+      pg[32 + i] = xg[2 * i + 1];
+      s += xg[2 * i] + xg[2 * i + 1];
+    }
+    sums[g] = s;
+  }
 }
 
 void DecodedRow::load(const QuantView& w, int64_t row) {
@@ -138,11 +173,16 @@ void CpuBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, con
   cpu::require(n > 0 && x != nullptr && y != nullptr, "matmul", "empty input or output");
   const auto in = static_cast<int64_t>(w.in);
   float* sums = scratch(kSumsA, static_cast<size_t>(n * in / 64));
-  for (int64_t t = 0; t < n; ++t) cpu::group_sums(x + t * in, in, sums + t * in / 64);
+  float* permuted = scratch(kPermutedA, static_cast<size_t>(in));
+  if (n == 1) {
+    cpu::prepare_input(x, in, permuted, sums);
+  } else {
+    for (int64_t t = 0; t < n; ++t) cpu::group_sums(x + t * in, in, sums + t * in / 64);
+  }
   pool_.parallel_for(rows, [&](int64_t begin, int64_t end) {
     if (n == 1) {  // decode: one pass over the packed row
       for (int64_t r = begin; r < end; ++r) {
-        y[r] = cpu::quant_row_dot(w, row_begin + r, x, sums);
+        y[r] = cpu::quant_row_dot(w, row_begin + r, permuted, sums);
       }
       return;
     }

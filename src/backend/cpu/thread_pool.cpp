@@ -7,6 +7,16 @@ namespace lily {
 
 namespace {
 
+// How long a worker keeps polling for the next job before it sleeps (iterations of a
+// pause-instruction loop, roughly 100 microseconds).
+constexpr int kSpinIterations = 20000;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#endif
+}
+
 // Range of part `index` of `parts` over [0, count).
 std::pair<int64_t, int64_t> split(int64_t count, int parts, int index) {
   const int64_t base = count / parts;
@@ -25,7 +35,7 @@ ThreadPool::ThreadPool(int threads) {
 ThreadPool::~ThreadPool() {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    stopping_ = true;
+    stopping_.store(true);
   }
   wake_.notify_all();
   for (std::thread& t : workers_) t.join();
@@ -37,40 +47,47 @@ void ThreadPool::parallel_for(int64_t count, const std::function<void(int64_t, i
     fn(0, count);
     return;
   }
+  job_ = &fn;
+  job_count_ = count;
+  pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
   {
+    // Publishing under the mutex pairs with the sleepers' predicate check: no lost wake-up.
     std::lock_guard<std::mutex> lock(mutex_);
-    job_ = &fn;
-    job_count_ = count;
-    pending_ = static_cast<int>(workers_.size());
-    ++generation_;
+    generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
   const auto [begin, end] = split(count, size(), 0);
   if (begin < end) fn(begin, end);
-  std::unique_lock<std::mutex> lock(mutex_);
-  done_.wait(lock, [this] { return pending_ == 0; });
+  for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
+    if (spins < kSpinIterations) {
+      cpu_relax();
+    } else {
+      std::this_thread::yield();
+    }
+  }
   job_ = nullptr;
 }
 
 void ThreadPool::worker_loop(int index) {
   uint64_t seen = 0;
   for (;;) {
-    const std::function<void(int64_t, int64_t)>* job = nullptr;
-    int64_t count = 0;
-    {
+    uint64_t current = generation_.load(std::memory_order_acquire);
+    for (int spins = 0; current == seen && spins < kSpinIterations; ++spins) {
+      cpu_relax();
+      current = generation_.load(std::memory_order_acquire);
+    }
+    if (current == seen) {
       std::unique_lock<std::mutex> lock(mutex_);
-      wake_.wait(lock, [&] { return stopping_ || generation_ != seen; });
-      if (stopping_) return;
-      seen = generation_;
-      job = job_;
-      count = job_count_;
+      wake_.wait(lock, [&] {
+        return stopping_.load() || generation_.load(std::memory_order_acquire) != seen;
+      });
+      if (stopping_.load()) return;
+      current = generation_.load(std::memory_order_acquire);
     }
-    const auto [begin, end] = split(count, size(), index);
-    if (begin < end) (*job)(begin, end);
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      if (--pending_ == 0) done_.notify_one();
-    }
+    seen = current;
+    const auto [begin, end] = split(job_count_, size(), index);
+    if (begin < end) (*job_)(begin, end);
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
 }
 

@@ -1,6 +1,7 @@
 // A fixed pool of worker threads running parallel_for over index ranges.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -13,6 +14,10 @@ namespace lily {
 // parallel_for(count, fn) splits [0, count) into one contiguous range per thread and calls
 // fn(begin, end) on each; the caller's thread takes the first range. Blocks until all ranges
 // are done. Not reentrant: one parallel_for at a time (the model runs on one thread).
+//
+// A decode step issues hundreds of short parallel_for calls, so waking workers through a
+// condition variable each time would cost more than the work: workers spin briefly on an
+// atomic job counter before they sleep, and the caller spins for their completion.
 class ThreadPool {
  public:
   explicit ThreadPool(int threads);  // threads <= 0: std::thread::hardware_concurrency()
@@ -29,12 +34,11 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   std::mutex mutex_;
   std::condition_variable wake_;
-  std::condition_variable done_;
   const std::function<void(int64_t, int64_t)>* job_ = nullptr;
   int64_t job_count_ = 0;
-  uint64_t generation_ = 0;
-  int pending_ = 0;
-  bool stopping_ = false;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stopping_{false};
 };
 
 }  // namespace lily
