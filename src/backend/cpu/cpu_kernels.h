@@ -49,9 +49,6 @@ float dot(const float* a, const float* b, int64_t n);
 // y[i] += alpha x[i]
 void axpy(float alpha, const float* x, float* y, int64_t n);
 
-// Sum of x over each group of 64 inputs: the bias term of every group's dot product.
-void group_sums(const float* x, int64_t in, float* sums);
-
 // Decode-time activations in the order the packed codes come: within each group of 64, the
 // even elements then the odd ones. Byte i of a Q4 group holds element 2i (low nibble) and
 // 2i+1 (high nibble), so a row dot becomes two contiguous, vectorisable streams.
@@ -62,13 +59,13 @@ void prepare_input(const float* x, int64_t in, float* permuted, float* sums);
 // `permuted` and `sums` come from prepare_input.
 float quant_row_dot(const QuantView& w, int64_t row, const float* permuted, const float* sums);
 
-// One quantized row unpacked for reuse across many tokens: codes as floats [in], scales and
-// biases as floats [in / 64].
+// One quantized row dequantised for reuse across many tokens (prefill): w[c] = s*q + b in
+// f32, exactly as MLX dequantises, so each token's dot is one contiguous vector reduction.
 struct DecodedRow {
-  std::vector<float> q, scale, bias;
-  void load(const QuantView& w, int64_t row);
-  // sum_c W[row, c] x[c], given the group sums of x.
-  float dot(const float* x, const float* sums) const;
+  std::vector<float> w;  // [in]
+  void load(const QuantView& weight, int64_t row);
+  // sum_c W[row, c] x[c]
+  float dot(const float* x) const { return cpu::dot(w.data(), x, static_cast<int64_t>(w.size())); }
 };
 
 // Validates a quantized weight view (bits, group-aligned sizes, pointers).

@@ -35,9 +35,6 @@ void check_ids(const int32_t* ids, int64_t count, uint64_t experts, const char* 
   }
 }
 
-void all_group_sums(const float* x, int64_t rows, int64_t width, float* sums) {
-  for (int64_t r = 0; r < rows; ++r) cpu::group_sums(x + r * width, width, sums + r * width / 64);
-}
 
 }  // namespace
 
@@ -66,7 +63,6 @@ void CpuBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const
     });
     return;
   }
-  all_group_sums(x, n, in, sums);
   const ExpertGroups groups(ids, n * k, gate.experts);
   const auto used = static_cast<int64_t>(groups.experts.size());
   pool_.parallel_for(used * I, [&](int64_t begin, int64_t end) {
@@ -79,8 +75,7 @@ void CpuBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const
       up_row.load(up, e * I + r);
       for (int64_t slot : groups.slots[which]) {
         const int64_t t = slot / k;
-        const float* st = sums + t * in / 64;
-        h[slot * I + r] = silu(gate_row.dot(x + t * in, st)) * up_row.dot(x + t * in, st);
+        h[slot * I + r] = silu(gate_row.dot(x + t * in)) * up_row.dot(x + t * in);
       }
     }
   });
@@ -121,8 +116,6 @@ void CpuBackend::expert_down_combine(const QuantView& down, const float* h, cons
     });
     return;
   }
-  all_group_sums(h, n * k, I, sums);
-  all_group_sums(shared_h, n, S, shared_sums);
   const ExpertGroups groups(ids, n * k, down.experts);
   pool_.parallel_for(H, [&](int64_t begin, int64_t end) {
     thread_local cpu::DecodedRow row;
@@ -131,13 +124,13 @@ void CpuBackend::expert_down_combine(const QuantView& down, const float* h, cons
       for (size_t which = 0; which < groups.experts.size(); ++which) {
         row.load(down, groups.experts[which] * H + r);
         for (int64_t slot : groups.slots[which]) {
-          out[(slot / k) * H + r] += weights[slot] * row.dot(h + slot * I, sums + slot * I / 64);
+          out[(slot / k) * H + r] += weights[slot] * row.dot(h + slot * I);
         }
       }
       row.load(shared_down, r);
       for (int64_t t = 0; t < n; ++t) {
         const float gate = 1.0f / (1.0f + std::exp(-shared_logit[t]));
-        out[t * H + r] += gate * row.dot(shared_h + t * S, shared_sums + t * S / 64);
+        out[t * H + r] += gate * row.dot(shared_h + t * S);
       }
     }
   });

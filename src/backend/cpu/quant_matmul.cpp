@@ -18,15 +18,6 @@ LILY_CPU_CLONES void axpy(float alpha, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
 }
 
-LILY_CPU_CLONES void group_sums(const float* x, int64_t in, float* sums) {
-  for (int64_t g = 0; g < in / 64; ++g) {
-    float s = 0.0f;
-#pragma omp simd reduction(+ : s)
-    for (int64_t i = 0; i < 64; ++i) s += x[g * 64 + i];
-    sums[g] = s;
-  }
-}
-
 namespace {
 
 // Unpacks the 64 codes of group g of a row (low bits first) into floats.
@@ -90,23 +81,30 @@ LILY_CPU_CLONES float row_dot_q8(const QuantView& w, int64_t row, const float* x
   return acc;
 }
 
-LILY_CPU_CLONES void unpack_row_q4(const std::byte* codes, int64_t groups, float* q) {
-  for (int64_t g = 0; g < groups; ++g) unpack_group<4>(codes, g, q + g * 64);
-}
-LILY_CPU_CLONES void unpack_row_q8(const std::byte* codes, int64_t groups, float* q) {
-  for (int64_t g = 0; g < groups; ++g) unpack_group<8>(codes, g, q + g * 64);
+// Dequantises a whole row: w = scale * q + bias per group of 64 (multiply, then add).
+template <int Bits>
+inline void dequantize_row_f32(const std::byte* codes, const std::byte* scales,
+                               const std::byte* biases, int64_t groups, float* w) {
+  alignas(64) float q[64];
+  for (int64_t g = 0; g < groups; ++g) {
+    unpack_group<Bits>(codes, g, q);
+    const float s = load_bf16(scales + g * 2);
+    const float b = load_bf16(biases + g * 2);
+#pragma omp simd
+    for (int i = 0; i < 64; ++i) {
+      const float scaled = s * q[i];
+      w[g * 64 + i] = scaled + b;
+    }
+  }
 }
 
-LILY_CPU_CLONES float grouped_dot(const float* q, const float* scale, const float* bias,
-                                  int64_t groups, const float* x, const float* sums) {
-  float acc = 0.0f;
-  for (int64_t g = 0; g < groups; ++g) {
-    float d = 0.0f;
-#pragma omp simd reduction(+ : d)
-    for (int i = 0; i < 64; ++i) d += q[g * 64 + i] * x[g * 64 + i];
-    acc += scale[g] * d + bias[g] * sums[g];
-  }
-  return acc;
+LILY_CPU_CLONES void dequantize_row_q4(const std::byte* codes, const std::byte* scales,
+                                       const std::byte* biases, int64_t groups, float* w) {
+  dequantize_row_f32<4>(codes, scales, biases, groups, w);
+}
+LILY_CPU_CLONES void dequantize_row_q8(const std::byte* codes, const std::byte* scales,
+                                       const std::byte* biases, int64_t groups, float* w) {
+  dequantize_row_f32<8>(codes, scales, biases, groups, w);
 }
 
 }  // namespace
@@ -129,27 +127,18 @@ LILY_CPU_CLONES void prepare_input(const float* x, int64_t in, float* permuted, 
   }
 }
 
-void DecodedRow::load(const QuantView& w, int64_t row) {
-  const auto in = static_cast<int64_t>(w.in);
+void DecodedRow::load(const QuantView& weight, int64_t row) {
+  const auto in = static_cast<int64_t>(weight.in);
   const int64_t groups = in / 64;
-  q.resize(static_cast<size_t>(in));
-  scale.resize(static_cast<size_t>(groups));
-  bias.resize(static_cast<size_t>(groups));
-  const std::byte* codes = w.codes + row * in * w.bits / 8;
-  if (w.bits == 4) {
-    unpack_row_q4(codes, groups, q.data());
+  w.resize(static_cast<size_t>(in));
+  const std::byte* codes = weight.codes + row * in * weight.bits / 8;
+  const std::byte* scales = weight.scales + row * groups * 2;
+  const std::byte* biases = weight.biases + row * groups * 2;
+  if (weight.bits == 4) {
+    dequantize_row_q4(codes, scales, biases, groups, w.data());
   } else {
-    unpack_row_q8(codes, groups, q.data());
+    dequantize_row_q8(codes, scales, biases, groups, w.data());
   }
-  for (int64_t g = 0; g < groups; ++g) {
-    scale[static_cast<size_t>(g)] = load_bf16(w.scales + (row * groups + g) * 2);
-    bias[static_cast<size_t>(g)] = load_bf16(w.biases + (row * groups + g) * 2);
-  }
-}
-
-float DecodedRow::dot(const float* x, const float* sums) const {
-  return grouped_dot(q.data(), scale.data(), bias.data(), static_cast<int64_t>(scale.size()), x,
-                     sums);
 }
 
 void check_quant(const QuantView& w, const char* op) {
@@ -174,11 +163,7 @@ void CpuBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, con
   const auto in = static_cast<int64_t>(w.in);
   float* sums = scratch(kSumsA, static_cast<size_t>(n * in / 64));
   float* permuted = scratch(kPermutedA, static_cast<size_t>(in));
-  if (n == 1) {
-    cpu::prepare_input(x, in, permuted, sums);
-  } else {
-    for (int64_t t = 0; t < n; ++t) cpu::group_sums(x + t * in, in, sums + t * in / 64);
-  }
+  if (n == 1) cpu::prepare_input(x, in, permuted, sums);
   pool_.parallel_for(rows, [&](int64_t begin, int64_t end) {
     if (n == 1) {  // decode: one pass over the packed row
       for (int64_t r = begin; r < end; ++r) {
@@ -190,7 +175,7 @@ void CpuBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, con
     for (int64_t r = begin; r < end; ++r) {
       decoded.load(w, row_begin + r);
       for (int64_t t = 0; t < n; ++t) {
-        y[t * rows + r] = decoded.dot(x + t * in, sums + t * in / 64);
+        y[t * rows + r] = decoded.dot(x + t * in);
       }
     }
   });
