@@ -35,14 +35,6 @@ const DTypeInfo& info(DType dtype) {
   return kDTypes[0];  // unreachable: every enumerator is in the table
 }
 
-std::string shape_string(const std::vector<uint64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) out += ", ";
-    out += std::to_string(shape[i]);
-  }
-  return out + "]";
-}
 
 TensorEntry parse_entry(const std::string& name, const Json& value, uint64_t data_size,
                         const std::string& where) {
@@ -111,6 +103,15 @@ TensorEntry parse_entry(const std::string& name, const Json& value, uint64_t dat
 }
 
 }  // namespace
+
+std::string shape_string(const std::vector<uint64_t>& shape) {
+  std::string out = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i > 0) out += ", ";
+    out += std::to_string(shape[i]);
+  }
+  return out + "]";
+}
 
 uint64_t dtype_size(DType dtype) { return info(dtype).size; }
 std::string_view dtype_name(DType dtype) { return info(dtype).name; }

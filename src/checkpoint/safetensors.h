@@ -22,6 +22,8 @@ enum class DType : uint8_t {
 uint64_t dtype_size(DType dtype);
 std::string_view dtype_name(DType dtype);
 std::optional<DType> parse_dtype(std::string_view name);
+// "[2, 3]": a shape as error messages print it.
+std::string shape_string(const std::vector<uint64_t>& shape);
 
 // One tensor as described by a shard header, after validation.
 struct TensorEntry {

@@ -11,14 +11,6 @@ namespace lily {
 
 namespace {
 
-std::string shape_string(const std::vector<uint64_t>& shape) {
-  std::string out = "[";
-  for (size_t i = 0; i < shape.size(); ++i) {
-    if (i > 0) out += ", ";
-    out += std::to_string(shape[i]);
-  }
-  return out + "]";
-}
 
 class Binder {
  public:
