@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fresh-machine entry point: install dependencies (apt), build, then run the main job or every test.
 #   bash tools/dev.sh main [--model DIR]   the main job (until `lily serve` lands: validate and
-#                                          summarise the checkpoint; the demo tiny one by default)
+#                                          summarise the checkpoint, then one greedy answer; the
+#                                          demo tiny checkpoint by default)
 #   bash tools/dev.sh test                 every test: unit, oracle, independent-writer, fuzz smoke
 #   bash tools/dev.sh build                install and build only
 set -euo pipefail
@@ -58,6 +59,8 @@ run_main() {
     echo "== no --model given: using the DEMO checkpoint $model (synthetic weights; its answers are noise)"
   fi
   "$build_dir/lily" inspect --model "$model"
+  echo "== one greedy answer on the CPU (lily run --prompt)"
+  "$build_dir/lily" run --model "$model" --prompt "Hello! Who are you?" --max-tokens 16
 }
 
 run_tests() {
@@ -75,5 +78,5 @@ case "${1:-}" in
   main) install_deps; build; shift; run_main "$@" ;;
   test) install_deps; build; run_tests ;;
   build) install_deps; build ;;
-  *) sed -n '2,6p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,7p' "$0" >&2; exit 2 ;;
 esac
