@@ -121,7 +121,7 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, floa
       for (int64_t j = 0; j <= last; ++j) {
         cpu::axpy(scores[static_cast<size_t>(j)] / total, v_cache + j * row + kvh * D, o, D);
       }
-      for (int64_t i = 0; i < D; ++i) o[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
+      for (int64_t i = 0; i < D; ++i) o[i] *= cpu::sigmoid(gate[i]);
     }
   });
 }

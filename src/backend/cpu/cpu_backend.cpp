@@ -83,8 +83,7 @@ void CpuBackend::gated_rms_norm(const float* x, const float* z, const DenseView&
     for (int64_t r = begin; r < end; ++r) {
       normalize_row(x + r * dim, gain, dim, eps, out + r * dim);
       for (int64_t i = 0; i < dim; ++i) {
-        const float g = z[r * dim + i];
-        out[r * dim + i] *= g / (1.0f + std::exp(-g));
+        out[r * dim + i] *= cpu::silu(z[r * dim + i]);
       }
     }
   });

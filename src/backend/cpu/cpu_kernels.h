@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -39,6 +40,9 @@ inline float dense_value(const DenseView& t, int64_t i) {
   }
   return load_bf16(t.data + 2 * i);
 }
+
+inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
+inline float silu(float x) { return x * sigmoid(x); }
 
 // Hot loops are compiled three times (AVX-512, AVX2+FMA, plain x86-64) and the loader picks
 // the best one the CPU supports at run time (GCC function multiversioning).

@@ -49,7 +49,7 @@ void CpuBackend::conv1d_silu(const float* mixed, float* window, const DenseView&
       for (int64_t t = 0; t < n; ++t) {
         float acc = 0.0f;
         for (int64_t j = 0; j < K; ++j) acc += taps[static_cast<size_t>(j)] * history[static_cast<size_t>(t + j)];
-        out[t * C + c] = acc / (1.0f + std::exp(-acc));
+        out[t * C + c] = cpu::silu(acc);
       }
       for (int64_t j = 0; j < K - 1; ++j) window[j * C + c] = history[static_cast<size_t>(n + j)];
     }
@@ -92,7 +92,7 @@ void CpuBackend::gated_delta_rule(const float* conv, const float* a, const float
         l2_normalize(q.data(), Dk);
         l2_normalize(k.data(), Dk);
         for (float& x : q) x *= q_scale;
-        const float beta = 1.0f / (1.0f + std::exp(-b[t * Hv + h]));
+        const float beta = cpu::sigmoid(b[t * Hv + h]);
         const float alpha = std::exp(-decay_rate * softplus(a[t * Hv + h] + bias));
         std::fill(m.begin(), m.end(), 0.0f);
         for (int64_t i = 0; i < Dk; ++i) {

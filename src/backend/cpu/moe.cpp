@@ -9,8 +9,6 @@ namespace lily {
 
 namespace {
 
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
-
 // Routing slots (t * k + j) grouped by expert, so prefill unpacks each expert row once.
 struct ExpertGroups {
   std::vector<int64_t> experts;               // experts with at least one slot, ascending
@@ -58,7 +56,7 @@ void CpuBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const
         const int64_t e = ids != nullptr ? ids[slot] : 0;
         const float g = cpu::quant_row_dot(gate, e * I + item % I, permuted, sums);
         const float u = cpu::quant_row_dot(up, e * I + item % I, permuted, sums);
-        h[item] = silu(g) * u;
+        h[item] = cpu::silu(g) * u;
       }
     });
     return;
@@ -75,7 +73,7 @@ void CpuBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const
       up_row.load(up, e * I + r);
       for (int64_t slot : groups.slots[which]) {
         const int64_t t = slot / k;
-        h[slot * I + r] = silu(gate_row.dot(x + t * in)) * up_row.dot(x + t * in);
+        h[slot * I + r] = cpu::silu(gate_row.dot(x + t * in)) * up_row.dot(x + t * in);
       }
     }
   });
@@ -103,7 +101,7 @@ void CpuBackend::expert_down_combine(const QuantView& down, const float* h, cons
       cpu::prepare_input(h + j * I, I, permuted + j * I, sums + j * I / 64);
     }
     cpu::prepare_input(shared_h, S, shared_permuted, shared_sums);
-    const float gate = 1.0f / (1.0f + std::exp(-shared_logit[0]));
+    const float gate = cpu::sigmoid(shared_logit[0]);
     pool_.parallel_for(H, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         float acc = 0.0f;
@@ -129,7 +127,7 @@ void CpuBackend::expert_down_combine(const QuantView& down, const float* h, cons
       }
       row.load(shared_down, r);
       for (int64_t t = 0; t < n; ++t) {
-        const float gate = 1.0f / (1.0f + std::exp(-shared_logit[t]));
+        const float gate = cpu::sigmoid(shared_logit[t]);
         out[t * H + r] += gate * row.dot(shared_h + t * S);
       }
     }
