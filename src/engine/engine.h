@@ -1,0 +1,106 @@
+// The engine loop: one inference thread serving requests one at a time from a bounded FIFO queue.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "engine/session_cache.h"
+#include "model/qwen36_model.h"
+
+namespace lily {
+
+// One generation request. The HTTP side keeps a copy of `cancelled` and sets it when the client
+// disconnects: a queued request is then skipped, a running one stops within one decode step.
+struct EngineRequest {
+  std::vector<int32_t> prompt;  // token ids, non-empty
+  int64_t max_tokens = 128;     // >= 1; prompt + max_tokens + 1 must fit the cache's max_seq
+  std::unordered_set<int32_t> stop_tokens;
+  std::optional<std::string> prompt_cache_key;
+  std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
+  // Optional, called on the inference thread after each generated token (e.g. for streaming),
+  // before the cancellation flag is checked. Must not throw.
+  std::function<void(int32_t)> on_token;
+};
+
+struct EngineResult {
+  std::vector<int32_t> tokens;  // includes the stop token when one ended generation
+  std::string finish_reason;    // "stop", "length" or "cancelled" ("" on error)
+  int64_t prompt_tokens = 0;
+  int64_t completion_tokens = 0;
+  int64_t cached_tokens = 0;  // reused prefix from the session cache
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+  std::string error;  // non-empty when the request failed (no other field is meaningful then)
+
+  bool ok() const { return error.empty(); }
+};
+
+enum class SubmitStatus {
+  accepted,       // `result` will be fulfilled
+  queue_full,     // refused at once (HTTP 429)
+  shutting_down,  // refused, the engine no longer accepts work (HTTP 503)
+};
+
+struct Submission {
+  SubmitStatus status = SubmitStatus::shutting_down;
+  std::future<EngineResult> result;  // valid only when accepted
+};
+
+// Error text of requests failed because the engine shut down while they were queued.
+inline constexpr const char* kShuttingDownError = "shutting down";
+
+// Owns the inference thread. The model and cache must outlive the engine; nothing else may use
+// them while it runs. Thread-safe: submit/shutdown may be called from any thread.
+class Engine {
+ public:
+  static constexpr size_t kDefaultQueueCapacity = 16;
+
+  Engine(Qwen36Model& model, SessionCache& cache, size_t queue_capacity = kDefaultQueueCapacity);
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+  ~Engine();  // shutdown()
+
+  // Returns immediately. Accepted requests run in FIFO order; the queue holds at most
+  // queue_capacity requests waiting behind the one in flight.
+  Submission submit(EngineRequest request);
+
+  // Stops accepting (later submits answer shutting_down), lets the request in flight finish,
+  // fails the still-queued ones with kShuttingDownError and joins the thread. Idempotent.
+  void shutdown();
+
+  size_t queue_capacity() const { return capacity_; }
+  size_t queued() const;  // requests waiting (not counting the one in flight)
+
+ private:
+  struct Job {
+    EngineRequest request;
+    std::promise<EngineResult> promise;
+  };
+
+  void loop();
+  EngineResult run(const EngineRequest& request);
+
+  Qwen36Model& model_;
+  SessionCache& cache_;
+  size_t capacity_;
+  mutable std::mutex mutex_;
+  std::condition_variable wake_;
+  std::deque<Job> queue_;
+  bool stopping_ = false;
+  std::mutex join_mutex_;
+  std::thread thread_;
+};
+
+}  // namespace lily
