@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <unistd.h>
 #include <vector>
 
 #include "checkpoint/checkpoint.h"
@@ -21,9 +22,23 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// Every directory a test made, removed when the test process exits.
+struct MadeDirs {
+  std::vector<fs::path> dirs;
+  ~MadeDirs() {
+    for (const fs::path& dir : dirs) {
+      std::error_code ignored;
+      fs::remove_all(dir, ignored);
+    }
+  }
+};
+
 fs::path fresh_dir(const std::string& name) {
-  const fs::path dir = fs::temp_directory_path() / ("lily_synth_test_" + name);
+  static MadeDirs made;
+  const fs::path dir = fs::temp_directory_path() /
+                       ("lily_synth_test_" + name + "_" + std::to_string(::getpid()));
   fs::remove_all(dir);
+  made.dirs.push_back(dir);
   return dir;
 }
 

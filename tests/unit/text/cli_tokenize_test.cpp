@@ -22,13 +22,20 @@ struct CliRun {
 };
 
 fs::path work_dir() {
-  static const fs::path dir = [] {
-    fs::path d = fs::temp_directory_path() / ("lily_cli_tokenize_" + std::to_string(::getpid()));
-    fs::create_directories(d);
-    std::ofstream(d / "tokenizer.json") << test::tiny_files().tokenizer_json;
-    return d;
-  }();
-  return dir;
+  // Created once per test process and removed when it exits.
+  struct WorkDir {
+    fs::path path;
+    WorkDir() : path(fs::temp_directory_path() / ("lily_cli_tokenize_" + std::to_string(::getpid()))) {
+      fs::create_directories(path);
+      std::ofstream(path / "tokenizer.json") << test::tiny_files().tokenizer_json;
+    }
+    ~WorkDir() {
+      std::error_code ignored;
+      fs::remove_all(path, ignored);
+    }
+  };
+  static const WorkDir dir;
+  return dir.path;
 }
 
 std::string slurp(const fs::path& p) {
