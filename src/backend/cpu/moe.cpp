@@ -46,8 +46,8 @@ void CpuBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const
   check_ids(ids, n * k, gate.experts, "expert_swiglu");
   const auto I = static_cast<int64_t>(gate.out);
   const auto in = static_cast<int64_t>(gate.in);
-  float* sums = scratch(kSumsA, static_cast<size_t>(n * in / 64));
   if (n == 1) {  // decode: every (slot, row) is independent work
+    float* sums = scratch(kSumsA, static_cast<size_t>(in / 64));
     float* permuted = scratch(kPermutedA, static_cast<size_t>(in));
     cpu::prepare_input(x, in, permuted, sums);
     pool_.parallel_for(k * I, [&](int64_t begin, int64_t end) {
@@ -92,9 +92,9 @@ void CpuBackend::expert_down_combine(const QuantView& down, const float* h, cons
   const auto H = static_cast<int64_t>(down.out);
   const auto I = static_cast<int64_t>(down.in);
   const auto S = static_cast<int64_t>(shared_down.in);
-  float* sums = scratch(kSumsA, static_cast<size_t>(n * k * I / 64));
-  float* shared_sums = scratch(kSumsB, static_cast<size_t>(n * S / 64));
-  if (n == 1) {
+  if (n == 1) {  // decode: activations prepared once, then independent output rows
+    float* sums = scratch(kSumsA, static_cast<size_t>(k * I / 64));
+    float* shared_sums = scratch(kSumsB, static_cast<size_t>(S / 64));
     float* permuted = scratch(kPermutedA, static_cast<size_t>(k * I));
     float* shared_permuted = scratch(kPermutedB, static_cast<size_t>(S));
     for (int64_t j = 0; j < k; ++j) {

@@ -161,8 +161,9 @@ void CpuBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, con
                              ") outside " + w.name + " (" + std::to_string(w.rows()) + " rows)");
   cpu::require(n > 0 && x != nullptr && y != nullptr, "matmul", "empty input or output");
   const auto in = static_cast<int64_t>(w.in);
-  float* sums = scratch(kSumsA, static_cast<size_t>(n * in / 64));
-  float* permuted = scratch(kPermutedA, static_cast<size_t>(in));
+  // Decode (n == 1) reads the packed rows with prepared activations; prefill dequantises rows.
+  float* sums = n == 1 ? scratch(kSumsA, static_cast<size_t>(in / 64)) : nullptr;
+  float* permuted = n == 1 ? scratch(kPermutedA, static_cast<size_t>(in)) : nullptr;
   if (n == 1) cpu::prepare_input(x, in, permuted, sums);
   pool_.parallel_for(rows, [&](int64_t begin, int64_t end) {
     if (n == 1) {  // decode: one pass over the packed row
