@@ -23,17 +23,7 @@ namespace {
 
 constexpr int64_t kMaxSeq = 128;
 
-// One backend and model per process (tiny synthetic checkpoint).
-struct TinyModel {
-  const Checkpoint& checkpoint = testing::tiny_checkpoint(5);
-  std::unique_ptr<Backend> backend = make_cpu_backend(0);
-  Qwen36Model model{checkpoint, *backend};
-};
-
-TinyModel& tiny() {
-  static TinyModel instance;
-  return instance;
-}
+testing::TinyModel& tiny() { return testing::tiny_model(); }
 
 std::unique_ptr<SessionCache> make_cache() {
   return std::make_unique<SessionCache>(*tiny().backend, tiny().checkpoint.config.shape, kMaxSeq);

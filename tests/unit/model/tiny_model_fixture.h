@@ -7,7 +7,9 @@
 #include <string>
 #include <unistd.h>
 
+#include "backend/backend.h"
 #include "checkpoint/checkpoint.h"
+#include "model/qwen36_model.h"
 #include "synth/make_checkpoint.h"
 
 namespace lily::testing {
@@ -37,6 +39,18 @@ inline const Checkpoint& tiny_checkpoint(uint64_t seed) {
   options.out_dir = dir.string();
   make_checkpoint(options);
   return *cache.emplace(seed, open_checkpoint(dir.string())).first->second;
+}
+
+// One CPU backend and model per test process over tiny_checkpoint(seed 5).
+struct TinyModel {
+  const Checkpoint& checkpoint = tiny_checkpoint(5);
+  std::unique_ptr<Backend> backend = make_cpu_backend(0);
+  Qwen36Model model{checkpoint, *backend};
+};
+
+inline TinyModel& tiny_model() {
+  static TinyModel instance;
+  return instance;
 }
 
 }  // namespace lily::testing
