@@ -1,6 +1,8 @@
 // safetensors shards: header parsing and validation, index resolution, tensor lookup.
 #include "checkpoint/safetensors.h"
 
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -317,6 +319,29 @@ uint64_t TensorStore::file_bytes() const {
   uint64_t total = 0;
   for (const MappedFile& shard : shards_) total += shard.size();
   return total;
+}
+
+bool TensorStore::prefetch(const std::function<bool(uint64_t, uint64_t)>& progress) const {
+  constexpr uint64_t kStep = 64ull << 20;
+  constexpr uint64_t kPage = 4096;
+  const uint64_t total = file_bytes();
+  uint64_t done = 0;
+  for (const MappedFile& shard : shards_) {
+    const auto* base = reinterpret_cast<const volatile unsigned char*>(shard.data());
+    for (uint64_t offset = 0; offset < shard.size(); offset += kStep) {
+      const uint64_t length = std::min(kStep, shard.size() - offset);
+      // Advice only: a failure (e.g. an unaligned tail) just loses the read-ahead.
+      const uintptr_t start = reinterpret_cast<uintptr_t>(shard.data() + offset) & ~(kPage - 1);
+      ::madvise(reinterpret_cast<void*>(start), length, MADV_WILLNEED);
+      unsigned char sink = 0;
+      for (uint64_t page = 0; page < length; page += kPage) sink ^= base[offset + page];
+      static_cast<void>(sink);
+      done += length;
+      if (progress && !progress(done, total)) return false;
+    }
+  }
+  if (progress && total == 0) return progress(0, 0);
+  return true;
 }
 
 }  // namespace lily

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <optional>
 #include <span>
@@ -71,6 +72,11 @@ class TensorStore {
   const std::vector<TensorEntry>& tensors() const { return tensors_; }  // sorted by name
   const std::vector<std::string>& shard_files() const { return shard_files_; }
   uint64_t file_bytes() const;  // sum of shard file sizes
+
+  // Reads every shard's pages into memory (sequentially, with read-ahead advice), so that the
+  // first request does not wait on the disk. Calls progress(bytes done, total) every 64 MiB
+  // and at the end; stops early, returning false, when progress returns false.
+  bool prefetch(const std::function<bool(uint64_t, uint64_t)>& progress) const;
 
  private:
   std::vector<std::string> shard_files_;  // file names relative to the directory

@@ -43,7 +43,7 @@ Submission Engine::submit(EngineRequest request) {
       return submission;
     }
     Job job{std::move(request), std::promise<EngineResult>()};
-    submission.result = job.promise.get_future();
+    if (!job.request.on_complete) submission.result = job.promise.get_future();
     submission.status = SubmitStatus::accepted;
     queue_.push_back(std::move(job));
   }
@@ -61,7 +61,7 @@ void Engine::shutdown() {
   wake_.notify_all();
   // Queued requests fail at once; the one in flight (if any) finishes on the thread.
   for (Job& job : abandoned) {
-    job.promise.set_value(error_result(job.request, kShuttingDownError));
+    finish(job, error_result(job.request, kShuttingDownError));
   }
   std::lock_guard<std::mutex> join_lock(join_mutex_);
   if (thread_.joinable()) thread_.join();
@@ -90,6 +90,14 @@ void Engine::loop() {
     } catch (...) {
       result = error_result(job.request, "internal error");
     }
+    finish(job, std::move(result));
+  }
+}
+
+void Engine::finish(Job& job, EngineResult result) {
+  if (job.request.on_complete) {
+    job.request.on_complete(std::move(result));
+  } else {
     job.promise.set_value(std::move(result));
   }
 }
@@ -120,6 +128,7 @@ EngineResult Engine::run(const EngineRequest& request) {
       if (request.on_token) request.on_token(token);
       return !is_cancelled(request);
     };
+    options.cancel_prefill = [&request] { return is_cancelled(request); };
     const int64_t cached = lease.cached_tokens();
     GenerationResult generated = generate_greedy(
         model_, lease.state(), prompt.subspan(static_cast<size_t>(cached)), options);

@@ -21,6 +21,8 @@
 
 namespace lily {
 
+struct EngineResult;
+
 // One generation request. The HTTP side keeps a copy of `cancelled` and sets it when the client
 // disconnects: a queued request is then skipped, a running one stops within one decode step.
 struct EngineRequest {
@@ -32,6 +34,11 @@ struct EngineRequest {
   // Optional, called on the inference thread after each generated token (e.g. for streaming),
   // before the cancellation flag is checked. Must not throw.
   std::function<void(int32_t)> on_token;
+  // Optional. When set, the result is handed to this callback instead of Submission::result
+  // (which is then not valid): on the inference thread, or on the thread calling shutdown()
+  // for requests still queued then. Lets an asynchronous caller resume without blocking a
+  // thread on a future. Must not throw.
+  std::function<void(EngineResult)> on_complete;
 };
 
 struct EngineResult {
@@ -55,7 +62,7 @@ enum class SubmitStatus {
 
 struct Submission {
   SubmitStatus status = SubmitStatus::shutting_down;
-  std::future<EngineResult> result;  // valid only when accepted
+  std::future<EngineResult> result;  // valid only when accepted without an on_complete callback
 };
 
 // Error text of requests failed because the engine shut down while they were queued.
@@ -91,6 +98,7 @@ class Engine {
 
   void loop();
   EngineResult run(const EngineRequest& request);
+  static void finish(Job& job, EngineResult result);
 
   Qwen36Model& model_;
   SessionCache& cache_;

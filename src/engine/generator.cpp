@@ -45,7 +45,23 @@ GenerationResult generate_greedy(Qwen36Model& model, DecodeState& state,
   using Clock = std::chrono::steady_clock;
   const Clock::time_point start = Clock::now();
   result.tokens.reserve(static_cast<size_t>(options.max_tokens));
-  step(prompt);
+  // Prefill in the model's chunks so that cancellation is seen between them; the result is the
+  // same as one forward() over the whole prompt, which chunks identically.
+  const auto piece = static_cast<size_t>(std::max<int64_t>(model.chunk(), 1));
+  for (size_t begin = 0; begin < prompt.size(); begin += piece) {
+    if (options.cancel_prefill && options.cancel_prefill()) {
+      result.finish_reason = "cancelled";
+      result.prompt_unfed = static_cast<int64_t>(prompt.size() - begin);
+      result.prefill_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+      return result;
+    }
+    const size_t count = std::min(piece, prompt.size() - begin);
+    if (begin + count < prompt.size()) {
+      model.forward(state, prompt.subspan(begin, count));
+    } else {
+      step(prompt.subspan(begin, count));
+    }
+  }
   const Clock::time_point first = Clock::now();
   result.prefill_seconds = std::chrono::duration<double>(first - start).count();
   auto finish = [&](const char* reason, int64_t fed) {

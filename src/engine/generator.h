@@ -19,6 +19,9 @@ struct GenerationOptions {
   int top_logits = 0;                       // record the K largest logits of every step
   // Called after each token; return false to cancel (finish_reason "cancelled").
   std::function<bool(int32_t)> on_token;
+  // Checked before each prefill chunk (model.chunk() tokens); return true to cancel, so that a
+  // long prompt stops within one chunk. The state then holds the chunks already fed.
+  std::function<bool()> cancel_prefill;
 };
 
 struct GenerationResult {
@@ -29,6 +32,9 @@ struct GenerationResult {
   // limit does not feed the last token; a stop on token 0 or max_tokens = 1 feeds none. The
   // state then holds prompt + tokens[0, fed).
   int64_t fed = 0;
+  // Prompt tokens left unfed because prefill was cancelled (0 otherwise): the state holds
+  // prompt[0, size - prompt_unfed) and no generated token.
+  int64_t prompt_unfed = 0;
   std::vector<std::vector<std::pair<int32_t, float>>> steps;  // top logits per token
   double prefill_seconds = 0;  // prompt in, first token out
   double decode_seconds = 0;   // the decode steps after it

@@ -147,7 +147,9 @@ void SessionCache::give_back(SessionLease& lease, std::vector<int32_t>* consumed
 
 std::vector<int32_t> SessionCache::consumed_tokens(std::span<const int32_t> prompt,
                                                    const GenerationResult& result) {
-  std::vector<int32_t> out(prompt.begin(), prompt.end());
+  const auto unfed = static_cast<size_t>(
+      std::clamp<int64_t>(result.prompt_unfed, 0, static_cast<int64_t>(prompt.size())));
+  std::vector<int32_t> out(prompt.begin(), prompt.end() - static_cast<std::ptrdiff_t>(unfed));
   const auto fed = static_cast<size_t>(std::clamp<int64_t>(
       result.fed, 0, static_cast<int64_t>(result.tokens.size())));
   out.insert(out.end(), result.tokens.begin(),

@@ -92,7 +92,8 @@ class SessionCache {
   // reset before its next use. The lease is empty afterwards. No-op on an empty lease.
   void drop(SessionLease& lease);
 
-  // prompt + result.tokens[0, result.fed): what the state holds after generate_greedy.
+  // prompt (less result.prompt_unfed at its end) + result.tokens[0, result.fed): what the
+  // state holds after generate_greedy.
   static std::vector<int32_t> consumed_tokens(std::span<const int32_t> prompt,
                                               const GenerationResult& result);
 

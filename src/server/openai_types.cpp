@@ -290,6 +290,17 @@ ApiError shutting_down_error() {
                   "shutting_down");
 }
 
+ApiError model_loading_error() {
+  return ApiError(503, "the model is still loading; retry shortly", std::string(kServerError),
+                  std::nullopt, "model_loading");
+}
+
+ApiError transport_error(int status, std::string message) {
+  const bool server_side = status >= 500 || status == 429;
+  return ApiError(status, std::move(message),
+                  std::string(server_side ? kServerError : kInvalidRequest));
+}
+
 ApiError internal_error() {
   return ApiError(500, "internal server error", std::string(kServerError));
 }

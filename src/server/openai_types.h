@@ -121,6 +121,10 @@ ApiError unsupported_media_type_error();            // 415
 ApiError unauthorized_error();                      // 401
 ApiError queue_full_error();                        // 429
 ApiError shutting_down_error();                     // 503
+ApiError model_loading_error();                    // 503 while the model loads
 ApiError internal_error();                          // 500, generic message
+// Any other transport-level refusal (400 malformed HTTP, 408, 431, 503 too many
+// connections): the given message, type by status, no param or code.
+ApiError transport_error(int status, std::string message);
 
 }  // namespace lily

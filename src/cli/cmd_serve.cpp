@@ -1,0 +1,190 @@
+// `lily serve`: bind, load (with progress), serve the OpenAI-compatible API, stop gracefully on a signal.
+#include <unistd.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <memory>
+#include <mutex>
+
+#include <boost/asio/signal_set.hpp>
+
+#include "backend/backend.h"
+#include "checkpoint/checkpoint.h"
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "cli/demo_checkpoint.h"
+#include "core/error.h"
+#include "core/strict_json.h"
+#include "engine/engine.h"
+#include "engine/session_cache.h"
+#include "model/qwen36_model.h"
+#include "server/api_handler.h"
+#include "server/auth.h"
+#include "server/http_server.h"
+#include "server/load_progress.h"
+#include "server/request_log.h"
+#include "text/stop_tokens.h"
+#include "text/tokenizer.h"
+
+namespace lily {
+
+namespace {
+
+// Signals arrive on an I/O thread; the main thread waits here for the first one.
+class StopRequest {
+ public:
+  void request() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      requested_ = true;
+    }
+    changed_.notify_all();
+  }
+  bool requested() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return requested_;
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mutex_);
+    changed_.wait(lock, [this] { return requested_; });
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  bool requested_ = false;
+};
+
+std::optional<std::string> env(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+}  // namespace
+
+int cmd_serve(const std::vector<std::string>& argv) {
+  const std::vector<OptionSpec> spec = {
+      {"model", true, "checkpoint directory (default: $LILY_MODEL, else the demo checkpoint)"},
+      {"bind", true, "HOST:PORT to listen on (default 127.0.0.1:8000; port 0 picks one)"},
+      {"max-seq", true, "prompt + completion capacity in tokens (default 4096)"},
+      {"device", true, "auto or cpu (default auto: the CPU until the CUDA backend lands)"},
+      {"threads", true, "CPU inference threads (default: all cores)"},
+      {"queue", true, "requests waiting behind the one running before 429 (default 16)"},
+      {"http-threads", true, "threads parsing and tokenising requests (default 4)"},
+      {"api-key", true, "require Authorization: Bearer KEY (default: $LILY_API_KEY)"},
+      {"no-auth", false, "serve a non-loopback address without an API key"},
+      {"read-timeout", true, "seconds a client has to send a whole request (default 30)"},
+  };
+  const Args args(argv, spec);
+  const std::string device = args.get("device").value_or("auto");
+  if (device != "auto" && device != "cpu") {
+    throw InputError("--device is \"" + device +
+                     "\", expected auto or cpu (this build has no CUDA backend)");
+  }
+  const uint64_t cli_max_seq = args.uint_or("max-seq", 4096, 1, 262144);
+  const uint64_t threads = args.uint_or("threads", 0, 0, 1024);
+  const uint64_t queue = args.uint_or("queue", Engine::kDefaultQueueCapacity, 0, 1u << 20);
+  const uint64_t http_threads = args.uint_or("http-threads", 4, 1, 256);
+  const uint64_t read_timeout = args.uint_or("read-timeout", 30, 1, 3600);
+  const std::string bind_address = args.get("bind").value_or("127.0.0.1:8000");
+  std::optional<std::string> api_key = args.get("api-key");
+  if (!api_key) api_key = env("LILY_API_KEY");
+  const bool no_auth = args.has("no-auth");
+
+  std::optional<std::string> model_dir = args.get("model");
+  if (!model_dir) model_dir = env("LILY_MODEL");
+  const bool demo = !model_dir.has_value();
+
+  ApiConfig config;
+  config.api_key = api_key;
+  ApiHandler handler(config);
+  HttpLimits limits;
+  limits.read_timeout = std::chrono::seconds(read_timeout);
+  HttpServer server(handler, limits, write_log_line);
+
+  // Bind first (a taken port fails before any loading), then load while /health says so.
+  server.bind(bind_address);
+  const auto endpoint = server.local_endpoint();
+  check_auth_configuration(endpoint.address().is_loopback(), api_key, no_auth, bind_address);
+  const std::string url = "http://" + (endpoint.address().is_v6()
+                                           ? "[" + endpoint.address().to_string() + "]"
+                                           : endpoint.address().to_string()) +
+                          ":" + std::to_string(endpoint.port());
+
+  std::signal(SIGPIPE, SIG_IGN);
+  StopRequest stop;
+  boost::asio::signal_set signals(server.io(), SIGINT, SIGTERM);
+  std::function<void(const boost::system::error_code&, int)> on_signal =
+      [&](const boost::system::error_code& ec, int number) {
+        if (ec) return;
+        if (stop.requested()) {
+          write_log_line("second signal: exiting now");
+          std::_Exit(130);
+        }
+        write_log_line(std::string("received ") + (number == SIGINT ? "SIGINT" : "SIGTERM") +
+                       ": finishing the request in flight, refusing new ones");
+        stop.request();
+        signals.async_wait(on_signal);
+      };
+  signals.async_wait(on_signal);
+  server.start(static_cast<int>(http_threads));
+  std::fprintf(stderr, "listening on %s (loading the model; /health answers 503 until ready)\n",
+               url.c_str());
+
+  if (demo) {
+    model_dir = ensure_demo_checkpoint();
+    std::fputs(demo_banner(*model_dir).c_str(), stderr);
+  }
+  const std::string dir = *model_dir;
+  const std::unique_ptr<Checkpoint> checkpoint = open_checkpoint(dir);
+  {
+    LoadProgress progress(stderr, ::isatty(STDERR_FILENO) != 0, "loading weights");
+    const bool loaded = checkpoint->store.prefetch([&](uint64_t done, uint64_t total) {
+      progress.update(done, total);
+      return !stop.requested();
+    });
+    if (!loaded) {
+      std::fputs("\nstopped while loading\n", stderr);
+      server.stop(std::chrono::milliseconds(0));
+      server.join();
+      return 0;
+    }
+    progress.finish();
+  }
+  const uint64_t max_seq = clamp_max_seq(cli_max_seq, checkpoint->config.shape.max_position_embeddings);
+  const std::unique_ptr<Backend> backend = make_cpu_backend(static_cast<int>(threads));
+  Qwen36Model model(*checkpoint, *backend);
+  const Tokenizer tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");
+  const std::string tokenizer_config_path = dir + "/tokenizer_config.json";
+  const Json tokenizer_config = read_strict_json_file(tokenizer_config_path, 16u << 20, 64);
+  ServingModel serving;
+  for (uint32_t id : stop_token_ids(tokenizer, tokenizer_config, checkpoint->config.eos_token_ids,
+                                    tokenizer_config_path)) {
+    serving.stop_tokens.insert(static_cast<int32_t>(id));
+  }
+  SessionCache cache(*backend, checkpoint->config.shape, static_cast<int64_t>(max_seq));
+  Engine engine(model, cache, queue);
+  serving.tokenizer = &tokenizer;
+  serving.engine = &engine;
+  serving.max_seq = max_seq;
+  handler.set_ready(std::move(serving));
+  std::fprintf(stderr, "serving %s on %s (%s backend, %d threads, max_seq %llu, queue %llu)\n",
+               std::string(kServedModelId).c_str(), url.c_str(), backend->name().c_str(),
+               backend->threads(), static_cast<unsigned long long>(max_seq),
+               static_cast<unsigned long long>(queue));
+  if (demo) std::fputs(demo_banner(dir).c_str(), stderr);
+
+  stop.wait();
+  handler.set_stopping();
+  engine.shutdown();  // the request in flight finishes; queued ones get 503
+  server.stop(std::chrono::milliseconds(5000));
+  server.join();
+  std::fputs("stopped\n", stderr);
+  return 0;
+}
+
+}  // namespace lily

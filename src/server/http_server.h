@@ -1,0 +1,131 @@
+// HTTP/1.1 transport on Boost.Beast: listener, connections, limits, timeouts, disconnect detection.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/tcp.hpp>
+
+namespace lily {
+
+// Per-connection limits. A request over a limit is answered (413, 431, 408, 400) and the
+// connection closed; nothing over a limit is ever buffered.
+struct HttpLimits {
+  uint64_t max_body_bytes = 1048576;  // Content-Length or the sum of chunks: 413 above it
+  uint32_t max_header_bytes = 16384;  // request line + all header fields: 431 above it
+  uint32_t max_header_fields = 100;   // 431 above it
+  // Deadline for reading one whole request (headers and body) from its first byte, and for an
+  // idle keep-alive connection to start the next one. A slow client gets 408 and is closed.
+  std::chrono::milliseconds read_timeout{30000};
+  std::chrono::milliseconds write_timeout{30000};  // a client that does not read its response
+  size_t max_connections = 512;  // beyond this, new connections get 503 and are closed
+};
+
+// What the handler sees of a request before its body is read.
+struct HttpRequestHead {
+  std::string method;        // as sent, e.g. "POST"
+  std::string target;        // as sent, e.g. "/v1/models?x=1"
+  std::string path;          // target with any "?query" removed
+  std::string content_type;  // "" when absent
+  std::optional<std::string> authorization;
+  bool has_body = false;  // Content-Length > 0 or chunked
+};
+
+struct HttpRequest {
+  HttpRequestHead head;
+  std::string body;  // at most HttpLimits::max_body_bytes
+  std::chrono::steady_clock::time_point received;  // when the head was complete
+  // Set by the transport when the client goes away (closed or reset) while the request waits
+  // for its response. The handler hands it to the engine as the cancellation flag.
+  std::shared_ptr<std::atomic<bool>> client_gone;
+};
+
+struct HttpResponse {
+  int status = 200;
+  std::string body;  // JSON, sent with Content-Type: application/json
+  std::vector<std::pair<std::string, std::string>> headers;  // extra fields, e.g. Allow
+  std::string log_detail;  // appended to the request's log line (starts with a space)
+  bool close = false;      // close the connection after this response
+};
+
+// Sends the response for one request. Call exactly once, from any thread.
+using Responder = std::function<void(HttpResponse)>;
+
+// The application side: routing and the API. Called on the transport's threads.
+class HttpHandler {
+ public:
+  virtual ~HttpHandler() = default;
+  // Called once the headers are in, before the body is read. Returns a response to refuse the
+  // request right away (unknown path, wrong method, content type, auth, not ready), or nullopt
+  // to read the body and call handle().
+  virtual std::optional<HttpResponse> screen(const HttpRequestHead& head) = 0;
+  // Must make `respond` be called exactly once, now or later, from any thread.
+  virtual void handle(HttpRequest request, Responder respond) = 0;
+  // The response for a transport-level failure (408, 413, 431, 400 malformed, 503 overload).
+  virtual HttpResponse transport_error(int status, std::string message) = 0;
+};
+
+// Writes one log line ("METHOD PATH STATUS <ms>ms<detail>") per answered request.
+using RequestLogger = std::function<void(const std::string& line)>;
+
+// The listener and its I/O threads. Connections are keep-alive HTTP/1.1 (and 1.0); each is
+// served on its own strand. While a request waits for its response, the connection watches
+// the socket: a client that closes or resets it has `client_gone` set.
+class HttpServer {
+ public:
+  HttpServer(HttpHandler& handler, HttpLimits limits, RequestLogger logger);
+  HttpServer(const HttpServer&) = delete;
+  HttpServer& operator=(const HttpServer&) = delete;
+  ~HttpServer();  // stop() without grace, then joins the threads
+
+  // Resolves "host:port" ("127.0.0.1:8000", "[::1]:0", "localhost:8000"; port 0 picks a free
+  // one), binds the first address and listens. Throws InputError naming the address.
+  void bind(const std::string& address);
+  boost::asio::ip::tcp::endpoint local_endpoint() const;
+
+  // Starts accepting on `threads` I/O threads (>= 1). Returns at once.
+  void start(int threads);
+
+  // The I/O context, e.g. for a signal_set. Valid for the server's lifetime.
+  boost::asio::io_context& io() { return io_; }
+
+  // From any thread: stop accepting, answer later requests with Connection: close, wait until
+  // every request already handed to the handler has had its response written (at most
+  // `grace`), then stop the I/O threads. join() waits for that.
+  void stop(std::chrono::milliseconds grace);
+  void join();
+
+  bool stopping() const { return stopping_.load(std::memory_order_acquire); }
+  size_t open_connections() const { return connections_.load(std::memory_order_relaxed); }
+
+ private:
+  class Connection;
+  friend class Connection;
+
+  void accept();
+  void wait_for_drain(std::chrono::steady_clock::time_point deadline);
+
+  HttpHandler& handler_;
+  HttpLimits limits_;
+  RequestLogger logger_;
+  // Declared before io_: connections still queued in io_ when it is destroyed update them.
+  std::atomic<bool> stopping_{false};
+  std::atomic<size_t> connections_{0};
+  std::atomic<size_t> awaiting_response_{0};  // handed to the handler, response not yet written
+  boost::asio::io_context io_;
+  boost::asio::ip::tcp::acceptor acceptor_;
+  std::vector<std::thread> threads_;
+};
+
+}  // namespace lily
