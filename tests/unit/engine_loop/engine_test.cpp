@@ -298,3 +298,88 @@ TEST(EngineLoop, BadRequestFailsWithoutStoppingTheThread) {
 
 }  // namespace
 }  // namespace lily
+
+namespace lily {
+namespace {
+
+TEST(EngineLoop, OnCompleteReceivesTheResultInsteadOfTheFuture) {
+  auto cache = make_cache();
+  Engine engine(tiny().model, *cache);
+  std::promise<EngineResult> delivered;
+  EngineRequest r = request(tokens(9, 12), 4);
+  r.on_complete = [&delivered](EngineResult result) { delivered.set_value(std::move(result)); };
+  Submission s = engine.submit(std::move(r));
+  ASSERT_EQ(s.status, SubmitStatus::accepted);
+  EXPECT_FALSE(s.result.valid());
+  const EngineResult result = delivered.get_future().get();
+  ASSERT_TRUE(result.ok()) << result.error;
+  GenerationOptions options;
+  options.max_tokens = 4;
+  EXPECT_EQ(result.tokens, direct(tokens(9, 12), options).tokens);
+}
+
+TEST(EngineLoop, OnCompleteOfQueuedRequestsFiresOnShutdown) {
+  auto cache = make_cache();
+  Gate gate;
+  std::latch started(1);
+  auto engine = std::make_unique<Engine>(tiny().model, *cache);
+  OpenOnExit opener{gate};
+  Submission a = engine->submit(blocking_request(started, gate, 3));
+  started.wait();
+  std::promise<EngineResult> delivered;
+  EngineRequest queued = request(tokens(5, 13), 3);
+  queued.on_complete = [&delivered](EngineResult result) { delivered.set_value(std::move(result)); };
+  ASSERT_EQ(engine->submit(std::move(queued)).status, SubmitStatus::accepted);
+  std::thread stopper([&engine] { engine->shutdown(); });
+  EXPECT_EQ(delivered.get_future().get().error, kShuttingDownError);
+  gate.open();
+  stopper.join();
+  EXPECT_TRUE(a.result.get().ok());
+}
+
+// A model that prefills in chunks of 8 tokens, so that a 30-token prompt has four chunks.
+Qwen36Model& small_chunk_model() {
+  static Qwen36Model model(tiny().checkpoint, *tiny().backend, 8);
+  return model;
+}
+
+TEST(Generator, PrefillCancelledBetweenChunksKeepsTheFedPrefix) {
+  const std::vector<int32_t> prompt = tokens(30, 3);
+  auto cache = make_cache();
+  SessionLease lease = cache->acquire(prompt);
+  int checks = 0;
+  GenerationOptions options;
+  options.max_tokens = 5;
+  options.cancel_prefill = [&checks] { return ++checks > 2; };  // two chunks, then cancel
+  const GenerationResult cancelled =
+      generate_greedy(small_chunk_model(), lease.state(), prompt, options);
+  EXPECT_EQ(cancelled.finish_reason, "cancelled");
+  EXPECT_TRUE(cancelled.tokens.empty());
+  EXPECT_EQ(cancelled.prompt_unfed, 14);
+  EXPECT_EQ(lease.state().position, 16);
+  const std::vector<int32_t> held = SessionCache::consumed_tokens(prompt, cancelled);
+  EXPECT_EQ(held, std::vector<int32_t>(prompt.begin(), prompt.begin() + 16));
+
+  // Resuming from the cancelled state gives exactly what a fresh run gives.
+  options.cancel_prefill = nullptr;
+  const GenerationResult resumed = generate_greedy(
+      small_chunk_model(), lease.state(), std::span<const int32_t>(prompt).subspan(16), options);
+  cache->drop(lease);
+  EXPECT_EQ(resumed.tokens, direct(prompt, options).tokens);
+}
+
+TEST(Generator, PrefillInChunksEqualsOneShotPrefill) {
+  const std::vector<int32_t> prompt = tokens(30, 4);
+  GenerationOptions options;
+  options.max_tokens = 6;
+  options.cancel_prefill = [] { return false; };
+  auto cache = make_cache();
+  SessionLease lease = cache->acquire(prompt);
+  const GenerationResult chunked = generate_greedy(small_chunk_model(), lease.state(), prompt, options);
+  cache->drop(lease);
+  EXPECT_EQ(chunked.prompt_unfed, 0);
+  EXPECT_EQ(chunked.tokens, direct(prompt, options).tokens);
+}
+
+}  // namespace
+}  // namespace lily
