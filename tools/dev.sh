@@ -1,8 +1,7 @@
 #!/usr/bin/env bash
 # Fresh-machine entry point: install dependencies (apt), build, then run the main job or every test.
-#   bash tools/dev.sh main [--model DIR]   the main job (until `lily serve` lands: validate and
-#                                          summarise the checkpoint, then one greedy answer; the
-#                                          demo tiny checkpoint by default)
+#   bash tools/dev.sh main [serve options]  the main job: `lily serve` (the demo tiny checkpoint
+#                                           unless --model DIR or LILY_MODEL is given)
 #   bash tools/dev.sh test                 every test: unit, oracle, independent-writer, fuzz smoke
 #   bash tools/dev.sh build                install and build only
 set -euo pipefail
@@ -36,31 +35,12 @@ build() {
   cmake --build "$build_dir" -j"$jobs"
 }
 
-data_dir() { echo "${LILY_DATA_DIR:-${XDG_DATA_HOME:-$HOME/.local/share}/lily}"; }
-
-# The demo checkpoint: tiny profile, seed 1, generated once. Its answers are noise.
-demo_checkpoint() {
-  local dir
-  dir="$(data_dir)/demo-tiny-seed1"
-  if [ ! -f "$dir/model.safetensors.index.json" ]; then
-    rm -rf "$dir.partial"
-    mkdir -p "$(data_dir)"
-    "$build_dir/lily" make-checkpoint --profile tiny --seed 1 --out "$dir.partial" >&2
-    mv "$dir.partial" "$dir"
-  fi
-  echo "$dir"
-}
-
+# The main job: the server. Without --model (and without LILY_MODEL) `lily serve` generates and
+# serves the demo checkpoint (tiny, seed 1, random weights: its answers are noise). Every
+# argument is passed on, e.g. --model DIR --bind 127.0.0.1:8000 --max-seq 4096. Ctrl-C stops it.
 run_main() {
-  local model=${LILY_MODEL:-}
-  if [ "${1:-}" = "--model" ]; then model=$2; fi
-  if [ -z "$model" ]; then
-    model=$(demo_checkpoint)
-    echo "== no --model given: using the DEMO checkpoint $model (synthetic weights; its answers are noise)"
-  fi
-  "$build_dir/lily" inspect --model "$model"
-  echo "== one greedy answer on the CPU (lily run --prompt)"
-  "$build_dir/lily" run --model "$model" --prompt "Hello! Who are you?" --max-tokens 16
+  echo "== lily serve $*"
+  exec "$build_dir/lily" serve "$@"
 }
 
 run_tests() {
@@ -78,5 +58,5 @@ case "${1:-}" in
   main) install_deps; build; shift; run_main "$@" ;;
   test) install_deps; build; run_tests ;;
   build) install_deps; build ;;
-  *) sed -n '2,7p' "$0" >&2; exit 2 ;;
+  *) sed -n '2,6p' "$0" >&2; exit 2 ;;
 esac
