@@ -39,6 +39,8 @@ class Backend {
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
   virtual int threads() const = 0;
+  // The hardware, for reports: e.g. "AMD EPYC 7B13" or "NVIDIA H200".
+  virtual std::string device_name() const = 0;
 
   // Called once with the weights before any op uses them.
   virtual void prepare(const ModelWeights& weights) = 0;
@@ -49,6 +51,10 @@ class Backend {
   virtual void copy_to_host(const float* src, size_t count, float* host_dst) = 0;
   virtual void copy_from_host(const int32_t* host_src, size_t count, int32_t* dst) = 0;
   virtual void copy_to_host_i32(const int32_t* src, size_t count, int32_t* host_dst) = 0;
+  // dst[i] = src[i] for i < count, both in backend memory, not overlapping; returns when done.
+  // Uses the whole device (all threads / SMs): `lily bench` measures copy bandwidth with it.
+  virtual void copy(const float* src, size_t count, float* dst) = 0;
+  virtual void copy_i32(const int32_t* src, size_t count, int32_t* dst) = 0;
 
   // out[t, :] = dequant(table row ids[t]).            ids [n] i32 < table.rows(); out [n, in]
   virtual void embed(const QuantView& table, const int32_t* ids, int64_t n, float* out) = 0;

@@ -12,5 +12,6 @@ int cmd_tokenize(const std::vector<std::string>& args);
 int cmd_run(const std::vector<std::string>& args);
 int cmd_render_chat(const std::vector<std::string>& args);
 int cmd_serve(const std::vector<std::string>& args);
+int cmd_bench(const std::vector<std::string>& args);
 
 }  // namespace lily

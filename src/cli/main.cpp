@@ -26,6 +26,8 @@ constexpr Command kCommands[] = {
     {"tokenize", lily::cmd_tokenize, "--tokenizer FILE [--decode]   JSON lines: text <-> token ids"},
     {"run", lily::cmd_run,
      "--model DIR --prompt-ids 1,2,3 [--max-tokens N] [--top-logits K]   greedy generation"},
+    {"bench", lily::cmd_bench,
+     "--model DIR --prompt-len N [--decode-steps 64] --json-out FILE   the measurement contract"},
     {"render-chat", lily::cmd_render_chat, "< messages.jsonl   one rendered prompt per line"},
 };
 

@@ -46,6 +46,7 @@ Qwen36Model::Qwen36Model(const Checkpoint& checkpoint, Backend& backend, int64_t
   shared_logit_ = backend_.alloc(c);
   logits_ = backend_.alloc(s.vocab_size);
   next_token_ = backend_.alloc_i32(1);
+  token_slots_ = backend_.alloc_i32(2);
 }
 
 void Qwen36Model::forward(DecodeState& state, std::span<const int32_t> tokens) {
@@ -150,6 +151,38 @@ void Qwen36Model::logits_to_host(std::vector<float>& out) {
 int32_t Qwen36Model::next_token_to_host() {
   int32_t token = 0;
   backend_.copy_to_host_i32(next_token_, 1, &token);
+  return token;
+}
+
+namespace {
+void check_slot(int slot) {
+  if (slot != 0 && slot != 1) {
+    throw std::invalid_argument("token slot " + std::to_string(slot) + ", expected 0 or 1");
+  }
+}
+}  // namespace
+
+void Qwen36Model::submit_prefill(DecodeState& state, std::span<const int32_t> prompt, int to_slot) {
+  check_slot(to_slot);
+  forward(state, prompt);
+  backend_.copy_i32(next_token_, 1, token_slots_ + to_slot);
+}
+
+void Qwen36Model::submit_decode(DecodeState& state, int from_slot, int to_slot) {
+  check_slot(from_slot);
+  check_slot(to_slot);
+  // The CPU backend's memory is the host's, so reading the slot costs nothing; a device
+  // backend keeps this on the device (issue 7: the graph reads the id from the slot).
+  int32_t token = 0;
+  backend_.copy_to_host_i32(token_slots_ + from_slot, 1, &token);
+  forward(state, std::span<const int32_t>(&token, 1));
+  backend_.copy_i32(next_token_, 1, token_slots_ + to_slot);
+}
+
+int32_t Qwen36Model::wait_token(int slot) {
+  check_slot(slot);
+  int32_t token = 0;
+  backend_.copy_to_host_i32(token_slots_ + slot, 1, &token);
   return token;
 }
 

@@ -32,6 +32,14 @@ class Qwen36Model {
   void logits_to_host(std::vector<float>& out);
   int32_t next_token_to_host();
 
+  // Depth-2 pipelined decode, the way `lily bench` (and the CUDA engine) drive the model: a
+  // step feeds the token an earlier step left in a backend-side slot (0 or 1), so the host
+  // does not have to read it first; the host reads tokens with wait_token. On a synchronous
+  // backend (the CPU) every submit runs to completion before it returns.
+  void submit_prefill(DecodeState& state, std::span<const int32_t> prompt, int to_slot);
+  void submit_decode(DecodeState& state, int from_slot, int to_slot);
+  int32_t wait_token(int slot);
+
  private:
   void run_chunk(DecodeState& state, const int32_t* host_ids, int64_t n, bool last_chunk);
   void delta_net_mixer(const LayerWeights& layer, DecodeState::DeltaNetState& s, int64_t n);
@@ -71,6 +79,7 @@ class Qwen36Model {
   float* shared_logit_;
   float* logits_;
   int32_t* next_token_;
+  int32_t* token_slots_;  // [2] i32: the pipelined decode's token slots
 };
 
 }  // namespace lily

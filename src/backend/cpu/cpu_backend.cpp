@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 #include <numeric>
 
 #include "backend/cpu/cpu_kernels.h"
@@ -25,6 +26,19 @@ float* CpuBackend::scratch(ScratchSlot slot, size_t count) {
   return buffer.data();
 }
 
+std::string CpuBackend::device_name() const {
+  // The first "model name" of /proc/cpuinfo (Linux x86-64), else a generic name.
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      const size_t colon = line.find(':');
+      if (colon != std::string::npos && colon + 2 <= line.size()) return line.substr(colon + 2);
+    }
+  }
+  return "unknown CPU";
+}
+
 float* CpuBackend::alloc(size_t count) { return buffers_.emplace_back(count, 0.0f).data(); }
 int32_t* CpuBackend::alloc_i32(size_t count) { return int_buffers_.emplace_back(count, 0).data(); }
 void CpuBackend::zero(float* buffer, size_t count) { std::fill(buffer, buffer + count, 0.0f); }
@@ -36,6 +50,19 @@ void CpuBackend::copy_from_host(const int32_t* host_src, size_t count, int32_t* 
 }
 void CpuBackend::copy_to_host_i32(const int32_t* src, size_t count, int32_t* host_dst) {
   std::copy(src, src + count, host_dst);
+}
+void CpuBackend::copy(const float* src, size_t count, float* dst) {
+  // One contiguous slice per thread: a single core cannot saturate the memory bus.
+  constexpr size_t kBlock = 1u << 16;  // floats per work item (256 KiB)
+  const auto blocks = static_cast<int64_t>((count + kBlock - 1) / kBlock);
+  pool_.parallel_for(blocks, [&](int64_t begin, int64_t end) {
+    const size_t from = static_cast<size_t>(begin) * kBlock;
+    const size_t to = std::min(count, static_cast<size_t>(end) * kBlock);
+    if (from < to) std::copy(src + from, src + to, dst + from);
+  });
+}
+void CpuBackend::copy_i32(const int32_t* src, size_t count, int32_t* dst) {
+  std::copy(src, src + count, dst);
 }
 
 namespace {

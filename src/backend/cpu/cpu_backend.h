@@ -15,6 +15,7 @@ class CpuBackend final : public Backend {
 
   std::string name() const override { return "cpu"; }
   int threads() const override { return pool_.size(); }
+  std::string device_name() const override;
   void prepare(const ModelWeights& weights) override;
   float* alloc(size_t count) override;
   int32_t* alloc_i32(size_t count) override;
@@ -22,6 +23,8 @@ class CpuBackend final : public Backend {
   void copy_to_host(const float* src, size_t count, float* host_dst) override;
   void copy_from_host(const int32_t* host_src, size_t count, int32_t* dst) override;
   void copy_to_host_i32(const int32_t* src, size_t count, int32_t* host_dst) override;
+  void copy(const float* src, size_t count, float* dst) override;
+  void copy_i32(const int32_t* src, size_t count, int32_t* dst) override;
 
   void embed(const QuantView& table, const int32_t* ids, int64_t n, float* out) override;
   void matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,

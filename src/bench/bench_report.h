@@ -1,0 +1,34 @@
+// The JSON report of one `lily bench` run (schema lily-bench/1) and its one-line summary.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "bench/bench_runner.h"
+#include "bench/decode_traffic.h"
+#include "core/strict_json.h"
+
+namespace lily {
+
+struct BenchContext {
+  std::string model_dir;
+  std::string profile;  // "tiny" or "production"
+  uint64_t checkpoint_bytes = 0;
+  std::string backend;  // "cpu"
+  std::string device;   // Backend::device_name()
+  int threads = 0;
+  BenchOptions options;
+  double copy_bytes_per_second = 0;    // measured in the same run
+  double matmul_flops_per_second = 0;  // measured in the same run (0: not measured)
+};
+
+// Every field of docs/bench.md: meta (engine, commit, dirty, build), device, workload,
+// results.prefill / results.decode (as Lily's) and bandwidth (bytes per step by component,
+// achieved GB/s, measured copy GB/s, ratio, floor tok/s) and prefill compute.
+Json bench_report(const BenchContext& context, const BenchMeasurement& m,
+                  const Checkpoint& checkpoint);
+
+// "prefill: N tok in Xs (R tok/s) | decode: N steps in Ys (R tok/s) | digest=… | …".
+std::string bench_summary_line(const Json& report);
+
+}  // namespace lily

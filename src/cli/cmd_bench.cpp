@@ -1,0 +1,82 @@
+// `lily bench`: one measured run of the benchmark contract; JSON report to --json-out, summary on stderr.
+#include <cstdio>
+#include <fstream>
+
+#include "backend/backend.h"
+#include "bench/bench_report.h"
+#include "bench/bench_runner.h"
+#include "checkpoint/checkpoint.h"
+#include "cli/args.h"
+#include "cli/commands.h"
+#include "core/error.h"
+#include "model/decode_state.h"
+#include "model/qwen36_model.h"
+
+namespace lily {
+
+int cmd_bench(const std::vector<std::string>& argv) {
+  const std::vector<OptionSpec> spec = {
+      {"model", true, "checkpoint directory (required)"},
+      {"prompt-len", true, "synthetic prompt length in tokens (required, > 0)"},
+      {"decode-steps", true, "measured decode steps (default 64)"},
+      {"json-out", true, "report file (required)"},
+      {"device", true, "auto or cpu (default auto: the CPU until the CUDA backend lands)"},
+      {"threads", true, "CPU threads (default: all cores)"},
+      {"copy-probe-mib", true, "size of the copy-bandwidth probe buffer in MiB (default 512)"},
+  };
+  const Args args(argv, spec);
+  const std::string device = args.get("device").value_or("auto");
+  if (device != "auto" && device != "cpu") {
+    throw InputError("--device is \"" + device +
+                     "\", expected auto or cpu (this build has no CUDA backend)");
+  }
+  BenchOptions options;
+  options.prompt_len = static_cast<int64_t>(args.uint_or("prompt-len", 0, 1, 262144));
+  if (!args.has("prompt-len")) throw InputError("--prompt-len is required");
+  options.decode_steps = static_cast<int64_t>(args.uint_or("decode-steps", 64, 1, 262144));
+  const uint64_t capacity = static_cast<uint64_t>(options.prompt_len + options.decode_steps + 1);
+  if (capacity > 262144) {
+    throw InputError("--prompt-len + --decode-steps + 1 = " + std::to_string(capacity) +
+                     " exceeds the state limit 262144");
+  }
+  const std::string json_out = args.required("json-out");
+  const uint64_t threads = args.uint_or("threads", 0, 0, 1024);
+  const uint64_t probe_mib = args.uint_or("copy-probe-mib", 512, 16, 65536);
+
+  const std::string dir = args.required("model");
+  const std::unique_ptr<Checkpoint> checkpoint = open_checkpoint(dir);
+  if (capacity > checkpoint->config.shape.max_position_embeddings) {
+    throw InputError("--prompt-len + --decode-steps + 1 = " + std::to_string(capacity) +
+                     " exceeds the checkpoint's max_position_embeddings");
+  }
+  std::ofstream out(json_out);
+  if (!out) throw InputError("--json-out " + json_out + ": cannot open the file for writing");
+
+  const std::unique_ptr<Backend> backend = make_cpu_backend(static_cast<int>(threads));
+  Qwen36Model model(*checkpoint, *backend);
+  DecodeState state(*backend, checkpoint->config.shape, static_cast<int64_t>(capacity));
+
+  BenchContext context;
+  context.model_dir = dir;
+  context.profile = profile_name(checkpoint->config.profile);
+  context.checkpoint_bytes = checkpoint->store.file_bytes();
+  context.backend = backend->name();
+  context.device = backend->device_name();
+  context.threads = backend->threads();
+  context.options = options;
+
+  const BenchMeasurement measurement = run_bench(model, state, options);
+  // Probes after the measured pass, so that they cannot disturb it; same process, same device.
+  context.copy_bytes_per_second = measure_copy_bandwidth(*backend, probe_mib << 20, 5);
+  context.matmul_flops_per_second =
+      measure_matmul_rate(*backend, *checkpoint, std::min<int64_t>(options.prompt_len, model.chunk()), 3);
+
+  const Json report = bench_report(context, measurement, *checkpoint);
+  out << report.dump(2) << "\n";
+  out.close();
+  if (!out) throw std::runtime_error("writing " + json_out + " failed");
+  std::fprintf(stderr, "%s\n", bench_summary_line(report).c_str());
+  return 0;
+}
+
+}  // namespace lily
