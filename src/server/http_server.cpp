@@ -301,7 +301,10 @@ class HttpServer::Connection : public std::enable_shared_from_this<Connection> {
 };
 
 HttpServer::HttpServer(HttpHandler& handler, HttpLimits limits, RequestLogger logger)
-    : handler_(handler), limits_(limits), logger_(std::move(logger)), acceptor_(io_) {}
+    : handler_(handler),
+      limits_(limits),
+      logger_(std::move(logger)),
+      acceptor_(net::make_strand(io_)) {}
 
 HttpServer::~HttpServer() {
   if (!io_.stopped()) io_.stop();
@@ -358,7 +361,8 @@ void HttpServer::accept() {
     if (ec) {
       // Out of descriptors or similar: back off briefly instead of spinning.
       std::fprintf(stderr, "accept failed: %s\n", ec.message().c_str());
-      auto timer = std::make_shared<net::steady_timer>(io_, std::chrono::milliseconds(50));
+      auto timer = std::make_shared<net::steady_timer>(acceptor_.get_executor(),
+                                                       std::chrono::milliseconds(50));
       timer->async_wait([this, timer](error_code) { accept(); });
       return;
     }
@@ -382,7 +386,8 @@ void HttpServer::accept() {
 
 void HttpServer::stop(std::chrono::milliseconds grace) {
   stopping_.store(true, std::memory_order_release);
-  net::post(io_, [this, deadline = Clock::now() + grace] {
+  // On the acceptor's strand: never concurrent with the accept handler.
+  net::post(acceptor_.get_executor(), [this, deadline = Clock::now() + grace] {
     error_code ignored;
     acceptor_.close(ignored);
     wait_for_drain(deadline);
