@@ -3,6 +3,8 @@
 
 #include <sys/socket.h>
 
+#include <cerrno>
+
 #include <algorithm>
 #include <array>
 #include <cstdio>
@@ -203,12 +205,18 @@ class HttpServer::Connection : public std::enable_shared_from_this<Connection> {
   void on_readable(error_code ec) {
     if (!awaiting_response_ || ec == net::error::operation_aborted) return;
     if (!ec) {
-      std::array<char, 1> byte{};
-      error_code peek_ec;
-      const size_t n = socket_.receive(net::buffer(byte), tcp::socket::message_peek, peek_ec);
+      // Never block here: readiness can be stale (the body read already took the bytes), and
+      // a blocking peek would then hold this strand, and an I/O thread, until the client
+      // sends again or closes, with the response waiting behind it.
+      char byte = 0;
+      const ssize_t n = ::recv(socket_.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
+        return watch_for_disconnect();  // nothing there after all: keep watching
+      }
       // Bytes of a pipelined request: the client is still there (and cannot be watched
       // further without reading them).
-      if (!peek_ec && n > 0) return;
+      if (n > 0) return;
+      // n == 0: orderly close; n < 0: reset or another error. Either way, gone.
     }
     if (client_gone_) client_gone_->store(true, std::memory_order_release);
   }
