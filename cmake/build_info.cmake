@@ -7,7 +7,7 @@ execute_process(COMMAND git -C "${SOURCE_DIR}" rev-parse HEAD
 if(NOT commit_rc EQUAL 0)
   set(commit "unknown")
 endif()
-execute_process(COMMAND git -C "${SOURCE_DIR}" status --porcelain --untracked-files=no
+execute_process(COMMAND git -C "${SOURCE_DIR}" status --porcelain
                 OUTPUT_VARIABLE status OUTPUT_STRIP_TRAILING_WHITESPACE ERROR_QUIET)
 if(status STREQUAL "")
   set(dirty false)

@@ -29,8 +29,10 @@ Json bench_report(const BenchContext& context, const BenchMeasurement& m,
   const int64_t prompt_len = context.options.prompt_len;
   const int64_t steps = context.options.decode_steps;
 
-  // Decode step i (1-based) attends over prompt_len + i earlier tokens (the prefill token and
-  // the steps before it are in the cache): sum the traffic of the timed steps.
+  // The decode timer covers steps 2 .. steps+1 on a synchronous backend (the step that feeds
+  // d_i runs at position prompt_len + i, attending over that many earlier tokens); sum the
+  // traffic of exactly those steps. On a pipelined device backend the timed steps are one
+  // position earlier: a difference of one token of KV per step, negligible.
   double decode_bytes = 0;
   for (int64_t i = 1; i <= steps; ++i) {
     decode_bytes += static_cast<double>(decode_traffic(checkpoint, prompt_len + i).total());

@@ -22,7 +22,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
       {"json-out", true, "report file (required)"},
       {"device", true, "auto or cpu (default auto: the CPU until the CUDA backend lands)"},
       {"threads", true, "CPU threads (default: all cores)"},
-      {"copy-probe-mib", true, "size of the copy-bandwidth probe buffer in MiB (default 512)"},
+      {"copy-probe-mib", true,
+       "copy-bandwidth probe buffer in MiB, at least 256 so it exceeds the caches (default 512)"},
   };
   const Args args(argv, spec);
   const std::string device = args.get("device").value_or("auto");
@@ -41,7 +42,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   }
   const std::string json_out = args.required("json-out");
   const uint64_t threads = args.uint_or("threads", 0, 0, 1024);
-  const uint64_t probe_mib = args.uint_or("copy-probe-mib", 512, 16, 65536);
+  const uint64_t probe_mib = args.uint_or("copy-probe-mib", 512, 256, 65536);
 
   const std::string dir = args.required("model");
   const std::unique_ptr<Checkpoint> checkpoint = open_checkpoint(dir);
@@ -49,8 +50,17 @@ int cmd_bench(const std::vector<std::string>& argv) {
     throw InputError("--prompt-len + --decode-steps + 1 = " + std::to_string(capacity) +
                      " exceeds the checkpoint's max_position_embeddings");
   }
-  std::ofstream out(json_out);
-  if (!out) throw InputError("--json-out " + json_out + ": cannot open the file for writing");
+  // Written to a side file and renamed at the end: a failed run never leaves a report behind.
+  const std::string partial = json_out + ".partial";
+  std::ofstream out(partial);
+  if (!out) throw InputError("--json-out " + json_out + ": cannot create " + partial);
+  struct RemoveOnFailure {
+    const std::string& path;
+    bool keep = false;
+    ~RemoveOnFailure() {
+      if (!keep) std::remove(path.c_str());
+    }
+  } cleanup{partial};
 
   const std::unique_ptr<Backend> backend = make_cpu_backend(static_cast<int>(threads));
   Qwen36Model model(*checkpoint, *backend);
@@ -74,7 +84,11 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const Json report = bench_report(context, measurement, *checkpoint);
   out << report.dump(2) << "\n";
   out.close();
-  if (!out) throw std::runtime_error("writing " + json_out + " failed");
+  if (!out) throw std::runtime_error("writing " + partial + " failed");
+  if (std::rename(partial.c_str(), json_out.c_str()) != 0) {
+    throw std::runtime_error("renaming " + partial + " to " + json_out + " failed");
+  }
+  cleanup.keep = true;
   std::fprintf(stderr, "%s\n", bench_summary_line(report).c_str());
   return 0;
 }

@@ -5,7 +5,7 @@ namespace lily {
 
 struct BuildInfo {
   const char* commit;      // 40 hex digits, or "unknown" outside a git checkout
-  bool dirty;              // the tree had uncommitted changes when the binary was built
+  bool dirty;              // uncommitted changes or untracked (not ignored) files at build time
   const char* build_type;  // CMAKE_BUILD_TYPE
   const char* compiler;    // e.g. "GNU 12.2.0"
   const char* flags;       // CMAKE_CXX_FLAGS + the build type's flags
