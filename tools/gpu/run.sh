@@ -1,40 +1,47 @@
 #!/usr/bin/env bash
-# On the GPU machine, in one call: build lily, write the full synthetic checkpoint, and measure
-# the CPU backend on the host's cores (the CUDA tests and benchmarks join here when they land).
-# Logs go to $OUT. Needs the carried .deps/ (nlohmann-json and utf8proc headers/libraries
-# unpacked from Debian packages by tools/gpu/fetch-deps.sh), since that machine installs nothing.
+# On the GPU machine, in one call: build lily, write the full synthetic checkpoint (kept between
+# calls), and run the `lily bench` matrix for the CPU backend on the host's cores (the CUDA tests
+# and benchmarks join here when they land). Logs, reports, table and plot go to $OUT.
+#   LILY_CONTEXTS   matrix contexts (default 256,512,1024)
+#   LILY_THREADS    CPU threads (default 16)
+# Needs the carried .deps/ (nlohmann-json and utf8proc unpacked from Debian packages by
+# tools/gpu/fetch-deps.sh), since that machine installs nothing. It has no Boost either, so the
+# server is left out (-DLILY_WITH_SERVER=OFF).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 out=${OUT:-/tmp/out}
 deps=$PWD/.deps/root/usr
 export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-commit=${LILY_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+contexts=${LILY_CONTEXTS:-256,512,1024}
+threads=${LILY_THREADS:-16}
 {
-  echo "date: $(date -u +%FT%TZ)"; echo "commit: $commit"
+  echo "date: $(date -u +%FT%TZ)"
+  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo "no git checkout here")"
+  git status --porcelain 2>/dev/null | head -5 || true
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
   lscpu | grep -E 'Model name|^CPU\(s\)|Thread|Socket|L3'
   free -g | head -2
 } | tee "$out/machine.txt"
 
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_BUILD_TESTS=OFF \
-  -DCMAKE_PREFIX_PATH="$deps" -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json" >"$out/cmake.log" 2>&1
+  -DLILY_WITH_SERVER=OFF -DCMAKE_PREFIX_PATH="$deps" \
+  -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json" >"$out/cmake.log" 2>&1
 cmake --build build-gpu >>"$out/cmake.log" 2>&1 || { tail -40 "$out/cmake.log"; exit 1; }
-lily=build-gpu/lily
+lily=$PWD/build-gpu/lily
 
-# Full production-shape checkpoint (19.5 GB), timed.
-ckpt=/tmp/lily-full-seed1
-rm -rf "$ckpt"
-"$lily" make-checkpoint --profile full --seed 1 --out "$ckpt" >"$out/make-checkpoint.log" 2>&1
-tail -1 "$out/make-checkpoint.log"
-"$lily" inspect --model "$ckpt" | tee "$out/inspect.txt"
+# Full production-shape checkpoint (19.5 GB) in an ignored folder, so a warm machine keeps it.
+ckpt=$PWD/build-gpu/full-seed1
+if [ ! -f "$ckpt/model.safetensors.index.json" ]; then
+  rm -rf "$ckpt"
+  "$lily" make-checkpoint --profile full --seed 1 --out "$ckpt" >"$out/make-checkpoint.log" 2>&1
+  tail -1 "$out/make-checkpoint.log"
+fi
+"$lily" inspect --model "$ckpt" >"$out/inspect.txt"
 
-# CPU figures: synthetic prompt token i = (i * 2654435761 mod 2^32) mod vocab, greedy decode.
-prompt_ids() { python3 -c "import sys; n=int(sys.argv[1]); print(','.join(str((i*2654435761 % 2**32) % 248320) for i in range(n)))" "$1"; }
-for threads in 16; do
-  for len in 128 512; do
-    echo "== full profile, CPU backend, $threads threads, prompt $len, 64 decode steps" | tee -a "$out/cpu-full.log"
-    "$lily" run --model "$ckpt" --prompt-ids "$(prompt_ids $len)" --max-tokens 65 --ignore-eos \
-      --threads "$threads" --max-seq 4096 2>>"$out/cpu-full.log" >/dev/null
-    tail -1 "$out/cpu-full.log"
-  done
-done
+# The bench matrix (docs/bench.md): fresh process per arm, two rounds, fail-closed.
+matrix_args=(--lily "$lily" --model "$ckpt" --out "$out/matrix-cpu" --contexts "$contexts"
+  --threads "$threads")
+if ! git rev-parse HEAD >/dev/null 2>&1 || [ -n "$(git status --porcelain 2>/dev/null)" ]; then
+  matrix_args+=(--allow-dirty)
+fi
+python3 tools/bench/run_matrix.py "${matrix_args[@]}" 2>&1 | tee "$out/matrix-cpu.log" || true
