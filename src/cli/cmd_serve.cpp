@@ -180,6 +180,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
 
   stop.wait();
   handler.set_stopping();
+  server.mark_stopping();  // the in-flight response closes its connection
   engine.shutdown();  // the request in flight finishes; queued ones get 503
   server.stop(std::chrono::milliseconds(5000));
   server.join();

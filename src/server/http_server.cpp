@@ -165,6 +165,16 @@ class HttpServer::Connection : public std::enable_shared_from_this<Connection> {
   }
 
   void on_read_error(error_code ec) {
+    if (method_.empty() && parser_) {
+      // A limit can trip while the head is still being parsed: name the request in the log
+      // if its request line was read.
+      const auto& partial = parser_->get();
+      if (!partial.method_string().empty()) {
+        method_ = std::string(partial.method_string());
+        const std::string target(partial.target());
+        path_ = target.substr(0, target.find('?'));
+      }
+    }
     const bool started = buffer_.size() > 0 || parser_->is_header_done() || !method_.empty();
     if (timed_out_) {
       if (!started) return close();  // an idle keep-alive connection: close quietly
@@ -237,6 +247,7 @@ class HttpServer::Connection : public std::enable_shared_from_this<Connection> {
     keep_alive_ = keep_alive_ && !response.close && !server_.stopping();
     response_->keep_alive(keep_alive_);
     response_->prepare_payload();
+    if (method_ == "HEAD") response_->body().clear();  // RFC 9110 §9.3.2: headers only
     unread_body_ = response.close && parser_ && !parser_->is_done();
 
     const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
@@ -392,8 +403,10 @@ void HttpServer::accept() {
   });
 }
 
+void HttpServer::mark_stopping() { stopping_.store(true, std::memory_order_release); }
+
 void HttpServer::stop(std::chrono::milliseconds grace) {
-  stopping_.store(true, std::memory_order_release);
+  mark_stopping();
   // On the acceptor's strand: never concurrent with the accept handler.
   net::post(acceptor_.get_executor(), [this, deadline = Clock::now() + grace] {
     error_code ignored;

@@ -104,6 +104,8 @@ class HttpServer {
   // every request already handed to the handler has had its response written (at most
   // `grace`), then stop the I/O threads. join() waits for that.
   void stop(std::chrono::milliseconds grace);
+  // From any thread: responses from now on carry Connection: close (stop() implies it).
+  void mark_stopping();
   void join();
 
   bool stopping() const { return stopping_.load(std::memory_order_acquire); }
