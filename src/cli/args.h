@@ -31,6 +31,10 @@ class Args {
   std::map<std::string, std::string> values_;
 };
 
+// --device: auto (default) or cpu; anything else is refused with InputError until the CUDA
+// backend lands (issue 7).
+void check_device_option(const Args& args);
+
 // "  --name VALUE   help" lines for usage messages.
 std::string describe_options(const std::vector<OptionSpec>& spec);
 

@@ -26,11 +26,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
        "copy-bandwidth probe buffer in MiB, at least 256 so it exceeds the caches (default 512)"},
   };
   const Args args(argv, spec);
-  const std::string device = args.get("device").value_or("auto");
-  if (device != "auto" && device != "cpu") {
-    throw InputError("--device is \"" + device +
-                     "\", expected auto or cpu (this build has no CUDA backend)");
-  }
+  check_device_option(args);
   BenchOptions options;
   options.prompt_len = static_cast<int64_t>(args.uint_or("prompt-len", 0, 1, 262144));
   if (!args.has("prompt-len")) throw InputError("--prompt-len is required");

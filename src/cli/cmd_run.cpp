@@ -53,11 +53,7 @@ int cmd_run(const std::vector<std::string>& argv) {
       {"ignore-eos", false, "do not stop at the checkpoint's stop tokens"},
   };
   const Args args(argv, spec);
-  const std::string device = args.get("device").value_or("auto");
-  if (device != "auto" && device != "cpu") {
-    throw InputError("--device is \"" + device + "\", expected auto or cpu (this build has no "
-                     "CUDA backend)");
-  }
+  check_device_option(args);
   if (args.has("prompt-ids") == args.has("prompt")) {
     throw InputError("give exactly one of --prompt-ids and --prompt");
   }

@@ -80,11 +80,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
       {"read-timeout", true, "seconds a client has to send a whole request (default 30)"},
   };
   const Args args(argv, spec);
-  const std::string device = args.get("device").value_or("auto");
-  if (device != "auto" && device != "cpu") {
-    throw InputError("--device is \"" + device +
-                     "\", expected auto or cpu (this build has no CUDA backend)");
-  }
+  check_device_option(args);
   const uint64_t cli_max_seq = args.uint_or("max-seq", 4096, 1, 262144);
   const uint64_t threads = args.uint_or("threads", 0, 0, 1024);
   const uint64_t queue = args.uint_or("queue", Engine::kDefaultQueueCapacity, 0, 1u << 20);
