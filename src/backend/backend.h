@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -28,6 +29,21 @@ struct GatedDeltaNetDims {
   int64_t channels() const { return 2 * key_heads * key_dim + value_heads * value_dim; }
 };
 
+// The sequence position of an op's first token. When `device` is set it points at an i32 in
+// backend memory that holds the position at the time the op runs, and `host` is ignored: a
+// replayed CUDA graph reads the current position there instead of the one it was captured
+// with. Device positions are only accepted with n == 1 (a decode step).
+struct SeqPos {
+  SeqPos(int64_t host_position = 0) : host(host_position) {}  // NOLINT: implicit on purpose
+  SeqPos(int64_t host_position, const int32_t* device_position)
+      : host(host_position), device(device_position) {}
+  int64_t host = 0;
+  const int32_t* device = nullptr;
+};
+
+// Called while weights are prepared (uploaded): bytes done so far and the total.
+using LoadProgressFn = std::function<void(uint64_t done, uint64_t total)>;
+
 // All activations are f32, row-major, in memory the backend allocated (host memory for the
 // CPU backend, device memory for CUDA). Weights are the checkpoint views of weights.h; a
 // device backend uploads them once (`prepare`) and resolves views to its copies. Every op
@@ -42,19 +58,47 @@ class Backend {
   // The hardware, for reports: e.g. "AMD EPYC 7B13" or "NVIDIA H200".
   virtual std::string device_name() const = 0;
 
-  // Called once with the weights before any op uses them.
-  virtual void prepare(const ModelWeights& weights) = 0;
+  // Called once with the weights before any op uses them. A device backend uploads them here
+  // and reports progress to `progress` (may be empty).
+  virtual void prepare(const ModelWeights& weights, const LoadProgressFn& progress) = 0;
+  void prepare(const ModelWeights& weights) { prepare(weights, LoadProgressFn()); }
   // Zero-filled f32 buffer of `count` values, owned by the backend until it is destroyed.
   virtual float* alloc(size_t count) = 0;
   virtual int32_t* alloc_i32(size_t count) = 0;
+  // Ops run in the order they are issued; a device backend may return before they finish.
+  // The host copies below wait for the ops before them and for their own transfer.
   virtual void zero(float* buffer, size_t count) = 0;
   virtual void copy_to_host(const float* src, size_t count, float* host_dst) = 0;
   virtual void copy_from_host(const int32_t* host_src, size_t count, int32_t* dst) = 0;
+  virtual void copy_from_host(const float* host_src, size_t count, float* dst) = 0;
   virtual void copy_to_host_i32(const int32_t* src, size_t count, int32_t* host_dst) = 0;
-  // dst[i] = src[i] for i < count, both in backend memory, not overlapping; returns when done.
-  // Uses the whole device (all threads / SMs): `lily bench` measures copy bandwidth with it.
+  // dst[i] = src[i] for i < count, both in backend memory, not overlapping (an op: call
+  // synchronize() to wait for it). Uses the whole device (all threads / SMs): `lily bench`
+  // measures copy bandwidth with it.
   virtual void copy(const float* src, size_t count, float* dst) = 0;
   virtual void copy_i32(const int32_t* src, size_t count, int32_t* dst) = 0;
+  // *value += delta, in op order (a decode step advances its device position with it).
+  virtual void add_i32(int32_t* value, int32_t delta) = 0;
+
+  // Asynchronous delivery of one i32 to the host, for the pipelined decode: read_async
+  // enqueues the copy of *src into host slot `slot` (0 or 1) behind the ops before it;
+  // wait_read blocks until that copy is done and returns the value.
+  virtual void read_async(const int32_t* src, int slot) = 0;
+  virtual int32_t wait_read(int slot) = 0;
+  // Blocks until every op issued so far has finished.
+  virtual void synchronize() = 0;
+  // Bytes the backend holds in its own memory now: buffers, scratch and (on a device) the
+  // uploaded weights. Never shrinks, so after a run it is that run's peak.
+  virtual uint64_t allocated_bytes() const = 0;
+
+  // Graph capture: a backend that can record a sequence of ops and replay it (CUDA graphs)
+  // returns true from can_capture. Between begin_capture and end_capture ops are recorded,
+  // not run; replay(graph) runs the recording again with the same pointers and arguments.
+  // Backends without capture throw std::logic_error from the other three.
+  virtual bool can_capture() const { return false; }
+  virtual void begin_capture();
+  virtual int end_capture();
+  virtual void replay(int graph);
 
   // out[t, :] = dequant(table row ids[t]).            ids [n] i32 < table.rows(); out [n, in]
   virtual void embed(const QuantView& table, const int32_t* ids, int64_t n, float* out) = 0;
@@ -76,14 +120,14 @@ class Backend {
   // [head_dim]), then RoPE at positions start_pos + t.
   virtual void attention_prepare(float* qg, float* k, const DenseView& q_norm,
                                  const DenseView& k_norm, const AttentionDims& dims,
-                                 int64_t start_pos, int64_t n, float eps) = 0;
+                                 SeqPos start_pos, int64_t n, float eps) = 0;
 
   // Writes k, v [n, kv_heads, head_dim] into the caches [capacity, kv_heads, head_dim] at
   // rows start_pos.., then causal attention of each query (read from qg) over cache rows
   // 0..start_pos+t, scaled by 1/sqrt(head_dim), times sigmoid(gate).  out [n, q_heads*head_dim]
   virtual void attention(const float* qg, const float* k, const float* v, float* k_cache,
                          float* v_cache, int64_t capacity, const AttentionDims& dims,
-                         int64_t start_pos, int64_t n, float* out) = 0;
+                         SeqPos start_pos, int64_t n, float* out) = 0;
 
   // Causal depthwise conv over time with the cached last K-1 inputs, then SiLU.
   // mixed, out [n, C]; window [K-1, C] (oldest first) is updated; weight BF16 [C, K] taps
@@ -126,5 +170,13 @@ class Backend {
 
 // The CPU backend (src/backend/cpu). threads = 0: all cores.
 std::unique_ptr<Backend> make_cpu_backend(int threads);
+
+// The CUDA backend (src/backend/cuda) on device 0. Throws std::runtime_error naming the
+// reason when CUDA is unusable: built without CUDA, no device or driver, compute capability
+// below 8.0, or less free device memory than `required_bytes` (weights + state + scratch).
+std::unique_ptr<Backend> make_cuda_backend(uint64_t required_bytes);
+
+// Whether make_cuda_backend could succeed (ignoring memory); `why` gets the reason if not.
+bool cuda_available(std::string* why);
 
 }  // namespace lily

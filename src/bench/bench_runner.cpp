@@ -71,10 +71,12 @@ double measure_copy_bandwidth(Backend& backend, uint64_t bytes, int repeats) {
   float* src = backend.alloc(count);
   float* dst = backend.alloc(count);
   backend.copy(src, count, dst);  // fault both buffers in
+  backend.synchronize();
   double best = std::numeric_limits<double>::infinity();
   for (int r = 0; r < repeats; ++r) {
     const Clock::time_point start = Clock::now();
     backend.copy(src, count, dst);
+    backend.synchronize();
     best = std::min(best, seconds(start, Clock::now()));
   }
   return 2.0 * static_cast<double>(count * sizeof(float)) / best;
@@ -88,10 +90,12 @@ double measure_matmul_rate(Backend& backend, const Checkpoint& checkpoint, int64
   float* x = backend.alloc(static_cast<size_t>(tokens * in));
   float* y = backend.alloc(static_cast<size_t>(tokens * rows));
   backend.matmul(w, 0, rows, x, tokens, y);  // warm-up
+  backend.synchronize();
   double best = std::numeric_limits<double>::infinity();
   for (int r = 0; r < repeats; ++r) {
     const Clock::time_point start = Clock::now();
     backend.matmul(w, 0, rows, x, tokens, y);
+    backend.synchronize();
     best = std::min(best, seconds(start, Clock::now()));
   }
   return 2.0 * static_cast<double>(rows) * static_cast<double>(in) * static_cast<double>(tokens) /

@@ -83,9 +83,8 @@ std::string describe_options(const std::vector<OptionSpec>& spec) {
 
 void check_device_option(const Args& args) {
   const std::string device = args.get("device").value_or("auto");
-  if (device != "auto" && device != "cpu") {
-    throw InputError("--device is \"" + device +
-                     "\", expected auto or cpu (this build has no CUDA backend)");
+  if (device != "auto" && device != "cpu" && device != "cuda") {
+    throw InputError("--device is \"" + device + "\", expected auto, cpu or cuda");
   }
 }
 

@@ -31,8 +31,8 @@ class Args {
   std::map<std::string, std::string> values_;
 };
 
-// --device: auto (default) or cpu; anything else is refused with InputError until the CUDA
-// backend lands (issue 7).
+// --device: auto (default), cpu or cuda; anything else is refused with InputError before any
+// loading starts (cli/backend_choice.h does the choosing).
 void check_device_option(const Args& args);
 
 // "  --name VALUE   help" lines for usage messages.

@@ -7,6 +7,7 @@
 #include "bench/bench_runner.h"
 #include "checkpoint/checkpoint.h"
 #include "cli/args.h"
+#include "cli/backend_choice.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "model/decode_state.h"
@@ -20,8 +21,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
       {"prompt-len", true, "synthetic prompt length in tokens (required, > 0)"},
       {"decode-steps", true, "measured decode steps (default 64)"},
       {"json-out", true, "report file (required)"},
-      {"device", true, "auto or cpu (default auto: the CPU until the CUDA backend lands)"},
-      {"threads", true, "CPU threads (default: all cores)"},
+      {"device", true, "auto, cpu or cuda (default auto: CUDA when usable, else the CPU)"},
+      {"threads", true, "CPU threads (default: all cores; CPU backend only)"},
       {"copy-probe-mib", true,
        "copy-bandwidth probe buffer in MiB, at least 256 so it exceeds the caches (default 512)"},
   };
@@ -37,7 +38,6 @@ int cmd_bench(const std::vector<std::string>& argv) {
                      " exceeds the state limit 262144");
   }
   const std::string json_out = args.required("json-out");
-  const uint64_t threads = args.uint_or("threads", 0, 0, 1024);
   const uint64_t probe_mib = args.uint_or("copy-probe-mib", 512, 256, 65536);
 
   const std::string dir = args.required("model");
@@ -58,8 +58,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
     }
   } cleanup{partial};
 
-  const std::unique_ptr<Backend> backend = make_cpu_backend(static_cast<int>(threads));
-  Qwen36Model model(*checkpoint, *backend);
+  BackendChoice choice = choose_backend(args, *checkpoint, capacity, 1);
+  const std::unique_ptr<Backend> backend = std::move(choice.backend);
+  Qwen36Model model(*checkpoint, *backend, choice.chunk, upload_progress());
   DecodeState state(*backend, checkpoint->config.shape, static_cast<int64_t>(capacity));
 
   BenchContext context;
@@ -72,6 +73,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   context.options = options;
 
   const BenchMeasurement measurement = run_bench(model, state, options);
+  context.backend_bytes = backend->allocated_bytes();
   // Probes after the measured pass, so that they cannot disturb it; same process, same device.
   context.copy_bytes_per_second = measure_copy_bandwidth(*backend, probe_mib << 20, 5);
   context.matmul_flops_per_second =

@@ -6,6 +6,7 @@
 #include "backend/backend.h"
 #include "checkpoint/checkpoint.h"
 #include "cli/args.h"
+#include "cli/backend_choice.h"
 #include "cli/commands.h"
 #include "core/error.h"
 #include "core/strict_json.h"
@@ -48,8 +49,8 @@ int cmd_run(const std::vector<std::string>& argv) {
       {"max-tokens", true, "tokens to generate (default 16)"},
       {"top-logits", true, "also print the K largest logits of every step (default 0)"},
       {"max-seq", true, "state capacity in tokens, prompt + generated (default 4096)"},
-      {"device", true, "cpu or auto (default auto: CPU until the CUDA backend lands)"},
-      {"threads", true, "CPU threads (default: all cores)"},
+      {"device", true, "auto, cpu or cuda (default auto: CUDA when usable, else the CPU)"},
+      {"threads", true, "CPU threads (default: all cores; CPU backend only)"},
       {"ignore-eos", false, "do not stop at the checkpoint's stop tokens"},
   };
   const Args args(argv, spec);
@@ -60,7 +61,6 @@ int cmd_run(const std::vector<std::string>& argv) {
   const uint64_t max_tokens = args.uint_or("max-tokens", 16, 0, 1u << 20);
   const uint64_t top = args.uint_or("top-logits", 0, 0, 1024);
   const uint64_t max_seq = args.uint_or("max-seq", 4096, 1, 262144);
-  const uint64_t threads = args.uint_or("threads", 0, 0, 1024);
 
   const std::string dir = args.required("model");
   const std::unique_ptr<Checkpoint> checkpoint = open_checkpoint(dir);
@@ -76,8 +76,9 @@ int cmd_run(const std::vector<std::string>& argv) {
     throw InputError("prompt (" + std::to_string(prompt.size()) + " tokens) + --max-tokens " +
                      std::to_string(max_tokens) + " exceed --max-seq " + std::to_string(max_seq));
   }
-  std::unique_ptr<Backend> backend = make_cpu_backend(static_cast<int>(threads));
-  Qwen36Model model(*checkpoint, *backend);
+  BackendChoice choice = choose_backend(args, *checkpoint, max_seq, 1);
+  const std::unique_ptr<Backend> backend = std::move(choice.backend);
+  Qwen36Model model(*checkpoint, *backend, choice.chunk, upload_progress());
   DecodeState state(*backend, checkpoint->config.shape, static_cast<int64_t>(max_seq));
   GenerationOptions options;
   options.max_tokens = static_cast<int64_t>(max_tokens);

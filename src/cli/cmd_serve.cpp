@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "checkpoint/checkpoint.h"
 #include "cli/args.h"
+#include "cli/backend_choice.h"
 #include "cli/commands.h"
 #include "cli/demo_checkpoint.h"
 #include "core/error.h"
@@ -24,7 +25,7 @@
 #include "server/api_handler.h"
 #include "server/auth.h"
 #include "server/http_server.h"
-#include "server/load_progress.h"
+#include "core/load_progress.h"
 #include "server/request_log.h"
 #include "text/stop_tokens.h"
 #include "text/tokenizer.h"
@@ -71,8 +72,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
       {"model", true, "checkpoint directory (default: $LILY_MODEL, else the demo checkpoint)"},
       {"bind", true, "HOST:PORT to listen on (default 127.0.0.1:8000; port 0 picks one)"},
       {"max-seq", true, "prompt + completion capacity in tokens (default 4096)"},
-      {"device", true, "auto or cpu (default auto: the CPU until the CUDA backend lands)"},
-      {"threads", true, "CPU inference threads (default: all cores)"},
+      {"device", true, "auto, cpu or cuda (default auto: CUDA when usable, else the CPU)"},
+      {"threads", true, "CPU inference threads (default: all cores; CPU backend only)"},
       {"queue", true, "requests waiting behind the one running before 429 (default 16)"},
       {"http-threads", true, "threads parsing and tokenising requests (default 4)"},
       {"api-key", true, "require Authorization: Bearer KEY (default: $LILY_API_KEY)"},
@@ -82,7 +83,6 @@ int cmd_serve(const std::vector<std::string>& argv) {
   const Args args(argv, spec);
   check_device_option(args);
   const uint64_t cli_max_seq = args.uint_or("max-seq", 4096, 1, 262144);
-  const uint64_t threads = args.uint_or("threads", 0, 0, 1024);
   const uint64_t queue = args.uint_or("queue", Engine::kDefaultQueueCapacity, 0, 1u << 20);
   const uint64_t http_threads = args.uint_or("http-threads", 4, 1, 256);
   const uint64_t read_timeout = args.uint_or("read-timeout", 30, 1, 3600);
@@ -152,8 +152,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
     progress.finish();
   }
   const uint64_t max_seq = clamp_max_seq(cli_max_seq, checkpoint->config.shape.max_position_embeddings);
-  const std::unique_ptr<Backend> backend = make_cpu_backend(static_cast<int>(threads));
-  Qwen36Model model(*checkpoint, *backend);
+  // The session cache holds two states; one more is the headroom of the memory check.
+  BackendChoice choice = choose_backend(args, *checkpoint, max_seq, 3);
+  const std::unique_ptr<Backend> backend = std::move(choice.backend);
+  Qwen36Model model(*checkpoint, *backend, choice.chunk, upload_progress());
   const Tokenizer tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");
   const std::string tokenizer_config_path = dir + "/tokenizer_config.json";
   const Json tokenizer_config = read_strict_json_file(tokenizer_config_path, 16u << 20, 64);

@@ -21,6 +21,7 @@ DecodeState::DecodeState(Backend& backend, const ModelShape& shape, int64_t cap)
   const size_t window = (shape.linear_conv_kernel_dim - 1) * channels;
   const size_t recurrent =
       shape.linear_num_value_heads * shape.linear_key_head_dim * shape.linear_value_head_dim;
+  device_position = backend.alloc_i32(1);
   for (size_t i = 0; i < layers; ++i) {
     kinds.push_back(ModelShape::layer_kind(i));
     if (kinds.back() == LayerKind::full_attention) {
@@ -34,6 +35,7 @@ DecodeState::DecodeState(Backend& backend, const ModelShape& shape, int64_t cap)
 void DecodeState::reset(Backend& backend) {
   for (size_t i = 0; i < buffers.size(); ++i) backend.zero(buffers[i], sizes[i]);
   position = 0;
+  device_position_value = -1;
 }
 
 }  // namespace lily

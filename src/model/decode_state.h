@@ -28,6 +28,12 @@ struct DecodeState {
   std::vector<DeltaNetState> delta_net;   // indexed by layer; empty for attention layers
   std::vector<size_t> sizes;              // floats per buffer, for reset (same order as below)
   std::vector<float*> buffers;            // every buffer above
+  // The position as an i32 in backend memory [1], which graph-captured decode steps read and
+  // advance on the device. It is valid only while device_position_value == position: the
+  // model re-uploads it whenever the host-side position moved without it (prefill, reset,
+  // a session restored from the cache).
+  int32_t* device_position = nullptr;
+  int64_t device_position_value = -1;
 
   DecodeState(Backend& backend, const ModelShape& shape, int64_t capacity);
   // Back to an empty sequence (zeroes the recurrent parts; KV rows are overwritten anyway).

@@ -6,7 +6,8 @@
 
 namespace lily {
 
-Qwen36Model::Qwen36Model(const Checkpoint& checkpoint, Backend& backend, int64_t chunk)
+Qwen36Model::Qwen36Model(const Checkpoint& checkpoint, Backend& backend, int64_t chunk,
+                         const LoadProgressFn& progress)
     : weights_(checkpoint.weights),
       shape_(checkpoint.config.shape),
       backend_(backend),
@@ -19,7 +20,7 @@ Qwen36Model::Qwen36Model(const Checkpoint& checkpoint, Backend& backend, int64_t
   gdn_dims_ = {static_cast<int64_t>(s.linear_num_key_heads), static_cast<int64_t>(s.linear_num_value_heads),
                static_cast<int64_t>(s.linear_key_head_dim), static_cast<int64_t>(s.linear_value_head_dim),
                static_cast<int64_t>(s.linear_conv_kernel_dim)};
-  backend_.prepare(weights_);
+  backend_.prepare(weights_, progress);
   const auto c = static_cast<size_t>(chunk);
   const size_t H = s.hidden_size;
   const size_t k = s.num_experts_per_tok;
@@ -71,9 +72,19 @@ void Qwen36Model::forward(DecodeState& state, std::span<const int32_t> tokens) {
 
 void Qwen36Model::run_chunk(DecodeState& state, const int32_t* host_ids, int64_t n,
                             bool last_chunk) {
+  backend_.copy_from_host(host_ids, static_cast<size_t>(n), ids_);
+  if (n == 1 && last_chunk) {
+    decode_step(state);
+    return;
+  }
+  layers_forward(state, SeqPos(state.position), n);
+  state.position += n;
+  if (last_chunk) head(n);
+}
+
+void Qwen36Model::layers_forward(DecodeState& state, SeqPos pos, int64_t n) {
   Backend& be = backend_;
   const auto H = static_cast<int64_t>(shape_.hidden_size);
-  be.copy_from_host(host_ids, static_cast<size_t>(n), ids_);
   be.embed(weights_.embed, ids_, n, residual_);
   be.rms_norm(residual_, weights_.layers[0].input_norm, n, H, eps_, normed_);
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
@@ -81,7 +92,7 @@ void Qwen36Model::run_chunk(DecodeState& state, const int32_t* host_ids, int64_t
     if (layer.kind == LayerKind::linear_attention) {
       delta_net_mixer(layer, state.delta_net[i], n);
     } else {
-      attention_mixer(layer, state.attention[i], state.capacity, state.position, n);
+      attention_mixer(layer, state.attention[i], state.capacity, pos, n);
     }
     be.add_rms_norm(residual_, delta_, layer.post_attention_norm, n, H, eps_, normed_);
     moe(layer, n);
@@ -90,12 +101,51 @@ void Qwen36Model::run_chunk(DecodeState& state, const int32_t* host_ids, int64_t
                                      : weights_.final_norm;
     be.add_rms_norm(residual_, delta_, next_norm, n, H, eps_, normed_);
   }
-  state.position += n;
-  if (last_chunk) {
-    be.matmul(weights_.lm_head, 0, static_cast<int64_t>(shape_.vocab_size), normed_ + (n - 1) * H,
-              1, logits_);
-    be.argmax(logits_, 1, static_cast<int64_t>(shape_.vocab_size), next_token_);
+}
+
+void Qwen36Model::head(int64_t n) {
+  const auto H = static_cast<int64_t>(shape_.hidden_size);
+  backend_.matmul(weights_.lm_head, 0, static_cast<int64_t>(shape_.vocab_size),
+                  normed_ + (n - 1) * H, 1, logits_);
+  backend_.argmax(logits_, 1, static_cast<int64_t>(shape_.vocab_size), next_token_);
+}
+
+void Qwen36Model::sync_device_position(DecodeState& state) {
+  if (state.device_position_value == state.position) return;
+  const auto value = static_cast<int32_t>(state.position);
+  backend_.copy_from_host(&value, 1, state.device_position);
+  state.device_position_value = state.position;
+}
+
+void Qwen36Model::decode_step_ops(DecodeState& state) {
+  layers_forward(state, SeqPos(state.position, state.device_position), 1);
+  head(1);
+  backend_.add_i32(state.device_position, 1);
+}
+
+void Qwen36Model::decode_step(DecodeState& state) {
+  if (state.position + 1 > state.capacity) {
+    throw std::invalid_argument("decode: position " + std::to_string(state.position) +
+                                " is at the state capacity " + std::to_string(state.capacity));
   }
+  sync_device_position(state);
+  const int32_t* key = state.device_position;
+  if (!backend_.can_capture()) {
+    decode_step_ops(state);
+  } else if (auto it = graphs_.find(key); it != graphs_.end()) {
+    backend_.replay(it->second);
+  } else if (warmed_.count(key) == 0) {
+    decode_step_ops(state);  // eager: sizes the backend's scratch for this state
+    warmed_.insert(key);
+  } else {
+    backend_.begin_capture();
+    decode_step_ops(state);
+    const int graph = backend_.end_capture();
+    graphs_.emplace(key, graph);
+    backend_.replay(graph);
+  }
+  state.position += 1;
+  state.device_position_value += 1;
 }
 
 void Qwen36Model::delta_net_mixer(const LayerWeights& layer, DecodeState::DeltaNetState& s,
@@ -116,7 +166,7 @@ void Qwen36Model::delta_net_mixer(const LayerWeights& layer, DecodeState::DeltaN
 }
 
 void Qwen36Model::attention_mixer(const LayerWeights& layer, DecodeState::AttentionCache& cache,
-                                  int64_t capacity, int64_t start_pos, int64_t n) {
+                                  int64_t capacity, SeqPos start_pos, int64_t n) {
   Backend& be = backend_;
   const AttentionWeights& w = layer.attn;
   const int64_t kv_rows = attn_dims_.kv_heads * attn_dims_.head_dim;
@@ -166,24 +216,22 @@ void Qwen36Model::submit_prefill(DecodeState& state, std::span<const int32_t> pr
   check_slot(to_slot);
   forward(state, prompt);
   backend_.copy_i32(next_token_, 1, token_slots_ + to_slot);
+  backend_.read_async(token_slots_ + to_slot, to_slot);
 }
 
 void Qwen36Model::submit_decode(DecodeState& state, int from_slot, int to_slot) {
   check_slot(from_slot);
   check_slot(to_slot);
-  // The CPU backend's memory is the host's, so reading the slot costs nothing; a device
-  // backend keeps this on the device (issue 7: the graph reads the id from the slot).
-  int32_t token = 0;
-  backend_.copy_to_host_i32(token_slots_ + from_slot, 1, &token);
-  forward(state, std::span<const int32_t>(&token, 1));
+  // Device to device, in op order: the step that wrote the slot has been issued before.
+  backend_.copy_i32(token_slots_ + from_slot, 1, ids_);
+  decode_step(state);
   backend_.copy_i32(next_token_, 1, token_slots_ + to_slot);
+  backend_.read_async(token_slots_ + to_slot, to_slot);
 }
 
 int32_t Qwen36Model::wait_token(int slot) {
   check_slot(slot);
-  int32_t token = 0;
-  backend_.copy_to_host_i32(token_slots_ + slot, 1, &token);
-  return token;
+  return backend_.wait_read(slot);
 }
 
 }  // namespace lily

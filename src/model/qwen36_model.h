@@ -2,6 +2,8 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <set>
 #include <span>
 #include <vector>
 
@@ -15,7 +17,9 @@ namespace lily {
 // sized once for `chunk` tokens at construction; forward() allocates nothing.
 class Qwen36Model {
  public:
-  Qwen36Model(const Checkpoint& checkpoint, Backend& backend, int64_t chunk = 256);
+  // `progress` sees the weight upload of a device backend (Backend::prepare).
+  Qwen36Model(const Checkpoint& checkpoint, Backend& backend, int64_t chunk = 256,
+              const LoadProgressFn& progress = LoadProgressFn());
 
   const ModelShape& shape() const { return shape_; }
   Backend& backend() { return backend_; }
@@ -35,16 +39,28 @@ class Qwen36Model {
   // Depth-2 pipelined decode, the way `lily bench` (and the CUDA engine) drive the model: a
   // step feeds the token an earlier step left in a backend-side slot (0 or 1), so the host
   // does not have to read it first; the host reads tokens with wait_token. On a synchronous
-  // backend (the CPU) every submit runs to completion before it returns.
+  // backend (the CPU) every submit runs to completion before it returns. On a backend that
+  // captures graphs, a state's first decode step runs op by op (sizing every scratch buffer),
+  // the second is captured as a graph, and every later step replays it: token id and position
+  // are read from device memory, so nothing of the step passes through the host.
   void submit_prefill(DecodeState& state, std::span<const int32_t> prompt, int to_slot);
   void submit_decode(DecodeState& state, int from_slot, int to_slot);
   int32_t wait_token(int slot);
 
  private:
   void run_chunk(DecodeState& state, const int32_t* host_ids, int64_t n, bool last_chunk);
+  // One token already in ids_[0] -> logits_, next_token_; advances the position (host and
+  // device). Replays the state's captured graph where the backend can.
+  void decode_step(DecodeState& state);
+  // The body of a decode step, with positions read from the device.
+  void decode_step_ops(DecodeState& state);
+  // Embedding, the 40 layers and the final norm for n tokens at `pos` (normed_ holds the result).
+  void layers_forward(DecodeState& state, SeqPos pos, int64_t n);
+  void head(int64_t n);
+  void sync_device_position(DecodeState& state);
   void delta_net_mixer(const LayerWeights& layer, DecodeState::DeltaNetState& s, int64_t n);
   void attention_mixer(const LayerWeights& layer, DecodeState::AttentionCache& cache,
-                       int64_t capacity, int64_t start_pos, int64_t n);
+                       int64_t capacity, SeqPos start_pos, int64_t n);
   void moe(const LayerWeights& layer, int64_t n);
 
   const ModelWeights& weights_;
@@ -80,6 +96,12 @@ class Qwen36Model {
   float* logits_;
   int32_t* next_token_;
   int32_t* token_slots_;  // [2] i32: the pipelined decode's token slots
+
+  // Captured decode graphs, keyed by the state's device position buffer (backend memory is
+  // never freed, so the key cannot be reused by another state). A state is captured on its
+  // second decode step; `warmed_` holds states that ran their first.
+  std::map<const int32_t*, int> graphs_;
+  std::set<const int32_t*> warmed_;
 };
 
 }  // namespace lily

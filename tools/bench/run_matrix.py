@@ -152,6 +152,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"comma-separated prompt lengths (default {DEFAULT_CONTEXTS})")
     p.add_argument("--rounds", type=int, default=2, help="rounds, >= 2 (default 2)")
     p.add_argument("--decode-steps", type=int, default=64, help="measured decode steps (default 64)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default=None,
+                   help="backend passed to lily bench (default: lily's default, auto)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads passed to lily bench (default: lily's default, all cores)")
     p.add_argument("--copy-probe-mib", type=int, default=None,
@@ -382,6 +384,7 @@ class Matrix:
                 "rounds": args.rounds,
                 "decode_steps": args.decode_steps,
                 "threads": args.threads,
+                "device": args.device,
                 "copy_probe_mib": args.copy_probe_mib,
                 "drift_limit": args.drift_limit,
                 "cooldown_secs": args.cooldown,
@@ -424,6 +427,8 @@ class Matrix:
         cmd = [str(Path(args.lily).resolve()), "bench", "--model", str(Path(args.model).resolve()),
                "--prompt-len", str(ctx), "--decode-steps", str(args.decode_steps),
                "--json-out", str(json_path)]
+        if args.device is not None:
+            cmd += ["--device", args.device]
         if args.threads is not None:
             cmd += ["--threads", str(args.threads)]
         if args.copy_probe_mib is not None:

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 rm -rf .deps && mkdir -p .deps/debs .deps/root
-(cd .deps/debs && apt-get download nlohmann-json3-dev libutf8proc-dev libutf8proc2)
+(cd .deps/debs && apt-get download nlohmann-json3-dev libutf8proc-dev libutf8proc2 libgtest-dev)
 for deb in .deps/debs/*.deb; do dpkg -x "$deb" .deps/root; done
 rm -rf .deps/debs
 grep -qx '/.deps/' .git/info/exclude 2>/dev/null || echo '/.deps/' >> .git/info/exclude

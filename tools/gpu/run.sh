@@ -1,47 +1,90 @@
 #!/usr/bin/env bash
-# On the GPU machine, in one call: build lily, write the full synthetic checkpoint (kept between
-# calls), and run the `lily bench` matrix for the CPU backend on the host's cores (the CUDA tests
-# and benchmarks join here when they land). Logs, reports, table and plot go to $OUT.
-#   LILY_CONTEXTS   matrix contexts (default 256,512,1024)
-#   LILY_THREADS    CPU threads (default 16)
-# Needs the carried .deps/ (nlohmann-json and utf8proc unpacked from Debian packages by
-# tools/gpu/fetch-deps.sh), since that machine installs nothing. It has no Boost either, so the
-# server is left out (-DLILY_WITH_SERVER=OFF).
+# On the GPU machine, in one call: build lily with CUDA, run the CUDA tests, compute-sanitizer
+# on a tiny run, and the `lily bench` matrices. Logs, JSON reports, tables and plots go to $OUT.
+#   LILY_STAGES        which stages, comma-separated (default tests,sanitizer,bench-cuda):
+#                        tests       cuda_tests (every CUDA op vs float64 and the CPU backend,
+#                                    tiny goldens through CUDA, full-checkpoint logits vs CPU)
+#                        sanitizer   compute-sanitizer memcheck on a tiny `lily run --device cuda`
+#                        bench-cuda  the CUDA bench matrix on the full synthetic checkpoint
+#                        bench-cpu   the CPU bench matrix on the host's cores
+#   LILY_CONTEXTS      CUDA matrix contexts (default 256,1024,4096,16384,65536,131072)
+#   LILY_CPU_CONTEXTS  CPU matrix contexts (default 256,512,1024); LILY_THREADS (default 16)
+#   LILY_GTEST_FILTER  gtest filter for cuda_tests (default all)
+# Needs the carried .deps/ (nlohmann-json, utf8proc and GoogleTest unpacked from Debian
+# packages by tools/gpu/fetch-deps.sh), since that machine installs nothing. It has no Boost
+# either, so the server and the rest of the tests are left out (-DLILY_WITH_SERVER=OFF).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 out=${OUT:-/tmp/out}
+mkdir -p "$out"
 deps=$PWD/.deps/root/usr
 export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-contexts=${LILY_CONTEXTS:-256,512,1024}
-threads=${LILY_THREADS:-16}
+stages=${LILY_STAGES:-tests,sanitizer,bench-cuda}
+has_stage() { [[ ",$stages," == *",$1,"* ]]; }
 {
   echo "date: $(date -u +%FT%TZ)"
-  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo "no git checkout here")"
+  echo "commit: $(git rev-parse HEAD 2>/dev/null || echo "no git checkout here") (the device's .git may be the session's starting snapshot)"
   git status --porcelain 2>/dev/null | head -5 || true
-  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
+  nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader || true
+  nvcc --version | tail -2
   lscpu | grep -E 'Model name|^CPU\(s\)|Thread|Socket|L3'
   free -g | head -2
 } | tee "$out/machine.txt"
 
+start=$(date +%s)
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_BUILD_TESTS=OFF \
-  -DLILY_WITH_SERVER=OFF -DCMAKE_PREFIX_PATH="$deps" \
-  -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json" >"$out/cmake.log" 2>&1
-cmake --build build-gpu >>"$out/cmake.log" 2>&1 || { tail -40 "$out/cmake.log"; exit 1; }
+  -DLILY_BUILD_CUDA_TESTS=ON -DLILY_WITH_SERVER=OFF -DLILY_WITH_CUDA=ON \
+  -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$deps" \
+  -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json" \
+  -DGTest_DIR="$deps/lib/x86_64-linux-gnu/cmake/GTest" >"$out/cmake.log" 2>&1
+cmake --build build-gpu >>"$out/cmake.log" 2>&1 || { tail -60 "$out/cmake.log"; exit 1; }
+echo "build: $(( $(date +%s) - start )) s"
 lily=$PWD/build-gpu/lily
 
 # Full production-shape checkpoint (19.5 GB) in an ignored folder, so a warm machine keeps it.
 ckpt=$PWD/build-gpu/full-seed1
-if [ ! -f "$ckpt/model.safetensors.index.json" ]; then
-  rm -rf "$ckpt"
-  "$lily" make-checkpoint --profile full --seed 1 --out "$ckpt" >"$out/make-checkpoint.log" 2>&1
-  tail -1 "$out/make-checkpoint.log"
-fi
-"$lily" inspect --model "$ckpt" >"$out/inspect.txt"
+ensure_full() {
+  if [ ! -f "$ckpt/model.safetensors.index.json" ]; then
+    rm -rf "$ckpt"
+    "$lily" make-checkpoint --profile full --seed 1 --out "$ckpt" >"$out/make-checkpoint.log" 2>&1
+    tail -1 "$out/make-checkpoint.log"
+  fi
+}
+tiny=$PWD/build-gpu/tiny-seed1
+[ -f "$tiny/config.json" ] || "$lily" make-checkpoint --profile tiny --seed 1 --out "$tiny" >/dev/null
 
-# The bench matrix (docs/bench.md): fresh process per arm, two rounds, fail-closed.
-matrix_args=(--lily "$lily" --model "$ckpt" --out "$out/matrix-cpu" --contexts "$contexts"
-  --threads "$threads")
-if ! git rev-parse HEAD >/dev/null 2>&1 || [ -n "$(git status --porcelain 2>/dev/null)" ]; then
-  matrix_args+=(--allow-dirty)
+if has_stage tests; then
+  ensure_full
+  start=$(date +%s)
+  LILY_FULL_CHECKPOINT=$ckpt ./build-gpu/tests/cuda/cuda_tests --gtest_filter="${LILY_GTEST_FILTER:-*}" \
+    --gtest_output=json:"$out/cuda_tests.json" >"$out/cuda_tests.log" 2>&1 || true
+  echo "cuda_tests: $(( $(date +%s) - start )) s"
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$out/cuda_tests.log" | tail -40 || true
 fi
-python3 tools/bench/run_matrix.py "${matrix_args[@]}" 2>&1 | tee "$out/matrix-cpu.log" || true
+
+if has_stage sanitizer; then
+  start=$(date +%s)
+  compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \
+    "$lily" run --model "$tiny" --prompt-ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 8 --device cuda \
+    >"$out/sanitizer-memcheck.log" 2>&1 && echo "memcheck: clean" || echo "memcheck: FAILED (rc $?)"
+  tail -3 "$out/sanitizer-memcheck.log"
+  echo "sanitizer: $(( $(date +%s) - start )) s"
+fi
+
+matrix_flags=()
+if ! git rev-parse HEAD >/dev/null 2>&1 || [ -n "$(git status --porcelain 2>/dev/null)" ]; then
+  matrix_flags+=(--allow-dirty)
+fi
+if has_stage bench-cuda; then
+  ensure_full
+  python3 tools/bench/run_matrix.py --lily "$lily" --model "$ckpt" --out "$out/matrix-cuda" \
+    --device cuda --contexts "${LILY_CONTEXTS:-256,1024,4096,16384,65536,131072}" \
+    --arm-timeout 240 "${matrix_flags[@]}" 2>&1 | tee "$out/matrix-cuda.log" || true
+  nvidia-smi --query-gpu=memory.used,memory.total --format=csv >>"$out/matrix-cuda.log" || true
+fi
+if has_stage bench-cpu; then
+  ensure_full
+  python3 tools/bench/run_matrix.py --lily "$lily" --model "$ckpt" --out "$out/matrix-cpu" \
+    --device cpu --contexts "${LILY_CPU_CONTEXTS:-256,512,1024}" --threads "${LILY_THREADS:-16}" \
+    "${matrix_flags[@]}" 2>&1 | tee "$out/matrix-cpu.log" || true
+fi

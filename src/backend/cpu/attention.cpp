@@ -47,12 +47,20 @@ void check_dims(const AttentionDims& d, const char* op) {
                op, "rotary_dim must be even and within head_dim");
 }
 
+// The CPU's memory is the host's, so a device position is read directly.
+int64_t resolve_position(SeqPos pos, int64_t n, const char* op) {
+  if (pos.device == nullptr) return pos.host;
+  cpu::require(n == 1, op, "a device position needs n == 1 (one decode step)");
+  return *pos.device;
+}
+
 }  // namespace
 
 void CpuBackend::attention_prepare(float* qg, float* k, const DenseView& q_norm,
                                    const DenseView& k_norm, const AttentionDims& dims,
-                                   int64_t start_pos, int64_t n, float eps) {
+                                   SeqPos pos, int64_t n, float eps) {
   check_dims(dims, "attention_prepare");
+  const int64_t start_pos = resolve_position(pos, n, "attention_prepare");
   const int64_t D = dims.head_dim;
   for (const DenseView* norm : {&q_norm, &k_norm}) {
     cpu::require(norm->data != nullptr && norm->shape.size() == 1 &&
@@ -83,8 +91,9 @@ void CpuBackend::attention_prepare(float* qg, float* k, const DenseView& q_norm,
 
 void CpuBackend::attention(const float* qg, const float* k, const float* v, float* k_cache,
                            float* v_cache, int64_t capacity, const AttentionDims& dims,
-                           int64_t start_pos, int64_t n, float* out) {
+                           SeqPos pos, int64_t n, float* out) {
   check_dims(dims, "attention");
+  const int64_t start_pos = resolve_position(pos, n, "attention");
   cpu::require(start_pos >= 0 && n > 0 && start_pos + n <= capacity, "attention",
                "positions [" + std::to_string(start_pos) + ", " + std::to_string(start_pos + n) +
                    ") exceed the KV cache capacity " + std::to_string(capacity));

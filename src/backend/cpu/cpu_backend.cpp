@@ -14,7 +14,7 @@ std::unique_ptr<Backend> make_cpu_backend(int threads) {
   return std::make_unique<CpuBackend>(threads);
 }
 
-void CpuBackend::prepare(const ModelWeights& weights) {
+void CpuBackend::prepare(const ModelWeights& weights, const LoadProgressFn& /*progress*/) {
   // The CPU reads the quantized weights in place from the mapping: nothing to upload.
   cpu::check_quant(weights.embed, "prepare");
   cpu::check_quant(weights.lm_head, "prepare");
@@ -47,6 +47,25 @@ void CpuBackend::copy_to_host(const float* src, size_t count, float* host_dst) {
 }
 void CpuBackend::copy_from_host(const int32_t* host_src, size_t count, int32_t* dst) {
   std::copy(host_src, host_src + count, dst);
+}
+void CpuBackend::copy_from_host(const float* host_src, size_t count, float* dst) {
+  std::copy(host_src, host_src + count, dst);
+}
+uint64_t CpuBackend::allocated_bytes() const {
+  // Weights stay in the file mapping (page cache) and are not counted.
+  uint64_t bytes = 0;
+  for (const auto& b : buffers_) bytes += b.size() * sizeof(float);
+  for (const auto& b : int_buffers_) bytes += b.size() * sizeof(int32_t);
+  for (const auto& b : scratch_) bytes += b.capacity() * sizeof(float);
+  return bytes;
+}
+void CpuBackend::read_async(const int32_t* src, int slot) {
+  cpu::require(slot == 0 || slot == 1, "read_async", "slot must be 0 or 1");
+  reads_[slot] = *src;
+}
+int32_t CpuBackend::wait_read(int slot) {
+  cpu::require(slot == 0 || slot == 1, "wait_read", "slot must be 0 or 1");
+  return reads_[slot];
 }
 void CpuBackend::copy_to_host_i32(const int32_t* src, size_t count, int32_t* host_dst) {
   std::copy(src, src + count, host_dst);

@@ -16,15 +16,23 @@ class CpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   int threads() const override { return pool_.size(); }
   std::string device_name() const override;
-  void prepare(const ModelWeights& weights) override;
+  using Backend::prepare;
+  void prepare(const ModelWeights& weights, const LoadProgressFn& progress) override;
   float* alloc(size_t count) override;
   int32_t* alloc_i32(size_t count) override;
   void zero(float* buffer, size_t count) override;
   void copy_to_host(const float* src, size_t count, float* host_dst) override;
   void copy_from_host(const int32_t* host_src, size_t count, int32_t* dst) override;
+  void copy_from_host(const float* host_src, size_t count, float* dst) override;
   void copy_to_host_i32(const int32_t* src, size_t count, int32_t* host_dst) override;
   void copy(const float* src, size_t count, float* dst) override;
   void copy_i32(const int32_t* src, size_t count, int32_t* dst) override;
+  void add_i32(int32_t* value, int32_t delta) override { *value += delta; }
+  // Ops run on submit, so a read is done when it is enqueued.
+  void read_async(const int32_t* src, int slot) override;
+  int32_t wait_read(int slot) override;
+  void synchronize() override {}
+  uint64_t allocated_bytes() const override;
 
   void embed(const QuantView& table, const int32_t* ids, int64_t n, float* out) override;
   void matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
@@ -34,10 +42,10 @@ class CpuBackend final : public Backend {
   void add_rms_norm(float* residual, const float* delta, const DenseView& gain, int64_t n,
                     int64_t dim, float eps, float* out) override;
   void attention_prepare(float* qg, float* k, const DenseView& q_norm, const DenseView& k_norm,
-                         const AttentionDims& dims, int64_t start_pos, int64_t n,
+                         const AttentionDims& dims, SeqPos start_pos, int64_t n,
                          float eps) override;
   void attention(const float* qg, const float* k, const float* v, float* k_cache, float* v_cache,
-                 int64_t capacity, const AttentionDims& dims, int64_t start_pos, int64_t n,
+                 int64_t capacity, const AttentionDims& dims, SeqPos start_pos, int64_t n,
                  float* out) override;
   void conv1d_silu(const float* mixed, float* window, const DenseView& weight,
                    const GatedDeltaNetDims& dims, int64_t n, float* out) override;
@@ -64,6 +72,7 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   std::vector<float> scratch_[kSlotCount];
   std::vector<int32_t> order_;
+  int32_t reads_[2] = {0, 0};
   std::deque<std::vector<float>> buffers_;
   std::deque<std::vector<int32_t>> int_buffers_;
 };

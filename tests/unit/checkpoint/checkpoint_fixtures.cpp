@@ -1,6 +1,10 @@
 // Test-only helpers: fresh copies of a tiny checkpoint and safetensors rewriting.
 #include "checkpoint_fixtures.h"
 
+#include <sys/wait.h>
+
+#include <cstdlib>
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -330,6 +334,20 @@ std::string open_error(const fs::path& dir) {
 
 std::string zero_bytes(uint64_t count) {
   return std::string(static_cast<size_t>(count), '\0');
+}
+
+RunResult run_lily(const std::string& args) {
+  TempDir scratch;
+  const fs::path out = scratch.path() / "stdout";
+  const fs::path err = scratch.path() / "stderr";
+  const std::string command = std::string("'") + LILY_BINARY + "' " + args + " >'" + out.string() +
+                              "' 2>'" + err.string() + "'";
+  const int status = std::system(command.c_str());
+  RunResult result;
+  if (status != -1 && WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
+  result.out = read_file(out);
+  result.err = read_file(err);
+  return result;
 }
 
 }  // namespace lily::test

@@ -117,4 +117,12 @@ std::string open_error(const fs::path& dir);
 // Little-endian bytes of raw values, for building tensor data.
 std::string zero_bytes(uint64_t count);
 
+// The lily binary run as a process with `args` (already shell-quoted): exit code, stdout, stderr.
+struct RunResult {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+RunResult run_lily(const std::string& args);
+
 }  // namespace lily::test

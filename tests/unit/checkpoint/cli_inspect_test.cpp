@@ -1,6 +1,5 @@
 // `lily inspect --model DIR` as a process: exit 0 when valid, 2 and "error: ..." when not.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
 #include <cstdlib>
 #include <string>
@@ -12,29 +11,10 @@ namespace {
 
 using test::Contains;
 using test::OrderedJson;
+using test::run_lily;
+using test::RunResult;
 using test::TinyCheckpoint;
 namespace fs = std::filesystem;
-
-struct RunResult {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-// Runs the lily binary with `args` (already shell-quoted); captures stdout and stderr.
-RunResult run_lily(const std::string& args) {
-  test::TempDir scratch;
-  const fs::path out = scratch.path() / "stdout";
-  const fs::path err = scratch.path() / "stderr";
-  const std::string command = std::string("'") + LILY_BINARY + "' " + args + " >'" + out.string() +
-                              "' 2>'" + err.string() + "'";
-  const int status = std::system(command.c_str());
-  RunResult result;
-  if (status != -1 && WIFEXITED(status)) result.exit_code = WEXITSTATUS(status);
-  result.out = test::read_file(out);
-  result.err = test::read_file(err);
-  return result;
-}
 
 std::string quoted(const fs::path& path) {
   return "'" + path.string() + "'";

@@ -7,7 +7,7 @@
 #include "core/error.h"
 #include "server/api_handler.h"
 #include "server/auth.h"
-#include "server/load_progress.h"
+#include "core/load_progress.h"
 #include "server/request_log.h"
 
 namespace lily {

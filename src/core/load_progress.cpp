@@ -1,5 +1,5 @@
 // Start-up progress reporting: terminal bar or plain lines.
-#include "server/load_progress.h"
+#include "core/load_progress.h"
 
 #include <algorithm>
 
@@ -15,8 +15,13 @@ std::string LoadProgress::bar_line(uint64_t done, uint64_t total, double seconds
   const double fraction =
       total == 0 ? 1.0 : std::clamp(static_cast<double>(done) / static_cast<double>(total), 0.0, 1.0);
   const int filled = static_cast<int>(fraction * width);
-  std::string line = "[" + std::string(static_cast<size_t>(filled), '#') +
-                     std::string(static_cast<size_t>(width - filled), '.') + "]";
+  // Built by appends: GCC 12 -O3 reports a false -Wrestrict on the operator+ chain.
+  std::string line;
+  line.reserve(static_cast<size_t>(width) + 2);
+  line.push_back('[');
+  line.append(static_cast<size_t>(filled), '#');
+  line.append(static_cast<size_t>(width - filled), '.');
+  line.push_back(']');
   const double rate = seconds > 0 ? static_cast<double>(done) / seconds : 0.0;
   char text[128];
   if (rate > 0 && done < total) {

@@ -1,0 +1,650 @@
+// Gated full attention: q/k head norm + partial NeoX RoPE (attention_prepare), KV cache writes
+// and causal softmax attention (split-K flash decoding for one token, tiled flash attention
+// for a prefill chunk), all f32 on CUDA cores.
+//
+// Supported: head_dim in {64, 128, 256}; rotary_dim even, <= head_dim and <= 256; any
+// q_heads that is a multiple of kv_heads (query groups of 2, 4 or 8 share every K/V row read
+// in decode; other group sizes run one query head per block). Positions: 0 <= pos and
+// pos + n <= capacity (the backend validates the host position; a device position outside
+// [0, capacity) writes nothing to the caches and NaN to the output).
+//
+// Numerics mirror the CPU backend (src/backend/cpu/attention.cpp): the RoPE angle is the f32
+// product of an f32 inv_freq (formed on the host exactly as transformers / the reference do)
+// and the f32 position, and its cos/sin are taken in double and rounded to f32; scores are
+// (q . k) * (1/sqrt(D)) in f32, weights expf(s - max) (expf, not __expf), and the output is
+// (sum p v) / (sum p) * sigmoid(gate).
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+namespace lily::cuda {
+
+namespace {
+
+constexpr float kNegInf = -INFINITY;
+
+// exp(x - m) where m may be -inf (then every x is -inf too, and the weight is 0, not NaN).
+__device__ __forceinline__ float exp_shifted(float x, float m) {
+  return expf(x - (m == kNegInf ? 0.0f : m));
+}
+
+__device__ __forceinline__ int64_t read_position(int64_t pos_host, const int32_t* pos_device) {
+  return pos_device != nullptr ? static_cast<int64_t>(*pos_device) : pos_host;
+}
+
+// ============================== attention_prepare =======================================
+
+constexpr int kMaxRotaryHalf = 128;
+struct RopeFreqs {
+  float inv_freq[kMaxRotaryHalf];
+};
+
+constexpr int kPrepareWarps = 8;
+
+// One warp per (token, head): heads 0..q_heads-1 are the query halves of qg, then the k heads.
+template <int D>
+__global__ void __launch_bounds__(kPrepareWarps * 32)
+    prepare_kernel(float* qg, float* k, const float* q_norm, const float* k_norm, int q_heads,
+                   int kv_heads, int rotary_dim, RopeFreqs freqs, int64_t pos_host,
+                   const int32_t* pos_device, int64_t n, float eps) {
+  constexpr int kPer = D / 32;
+  __shared__ float buf[kPrepareWarps][D];
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int heads = q_heads + kv_heads;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kPrepareWarps + warp;
+  if (item >= n * heads) return;
+  const int64_t t = item / heads;
+  const int h = static_cast<int>(item % heads);
+  const bool is_q = h < q_heads;
+  float* x = is_q ? qg + (t * q_heads + h) * 2 * D : k + (t * kv_heads + (h - q_heads)) * D;
+  const float* gain = is_q ? q_norm : k_norm;
+
+  float v[kPer];
+  float sum_sq = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kPer; ++c) {
+    v[c] = x[lane + 32 * c];
+    sum_sq = fmaf(v[c], v[c], sum_sq);
+  }
+  const float inv = 1.0f / sqrtf(warp_sum(sum_sq) / static_cast<float>(D) + eps);
+  float* s = buf[warp];
+#pragma unroll
+  for (int c = 0; c < kPer; ++c) s[lane + 32 * c] = v[c] * inv * gain[lane + 32 * c];
+  __syncwarp();
+
+  const int64_t position = read_position(pos_host, pos_device) + t;
+  const float fpos = static_cast<float>(position);
+  const int half = rotary_dim / 2;
+#pragma unroll
+  for (int c = 0; c < kPer; ++c) {
+    const int e = lane + 32 * c;
+    float o = s[e];
+    if (e < rotary_dim) {
+      const int i = e < half ? e : e - half;
+      const float angle = __fmul_rn(freqs.inv_freq[i], fpos);  // the f32 product, never fused
+      double sd, cd;
+      sincos(static_cast<double>(angle), &sd, &cd);
+      const float cs = static_cast<float>(cd);
+      const float sn = static_cast<float>(sd);
+      o = e < half ? s[e] * cs - s[e + half] * sn : s[e] * cs + s[i] * sn;
+    }
+    x[e] = o;
+  }
+}
+
+// ============================== decode (n == 1) =========================================
+
+constexpr int kDecodeWarps = 8;
+constexpr int kDecodeThreads = kDecodeWarps * 32;
+constexpr int kDecodeMaxSplits = 128;  // per unit (kv head or query head)
+constexpr int kDecodeMinKeys = 32;     // fewest keys a split takes
+
+// Keys per split for `keys` keys over `splits` splits; the device and the combine agree.
+__device__ __forceinline__ int64_t keys_per_split(int64_t keys, int splits) {
+  const int64_t even = (keys + splits - 1) / splits;
+  return even > kDecodeMinKeys ? even : kDecodeMinKeys;
+}
+
+// The lane's share of a D-vector: kVec contiguous floats at c * 32 * kVec + lane * kVec.
+template <int D>
+struct LaneSlice {
+  static constexpr int kPer = D / 32;
+  static constexpr int kVec = kPer >= 4 ? 4 : kPer;
+  static constexpr int kChunks = kPer / kVec;
+  __device__ static int index(int lane, int c, int w) { return c * 32 * kVec + lane * kVec + w; }
+  __device__ static void load(const float* p, int lane, float (&dst)[kPer]) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const float* at = p + c * 32 * kVec + lane * kVec;
+      if constexpr (kVec == 4) {
+        const float4 q = *reinterpret_cast<const float4*>(at);
+        dst[c * 4 + 0] = q.x;
+        dst[c * 4 + 1] = q.y;
+        dst[c * 4 + 2] = q.z;
+        dst[c * 4 + 3] = q.w;
+      } else if constexpr (kVec == 2) {
+        const float2 q = *reinterpret_cast<const float2*>(at);
+        dst[c * 2 + 0] = q.x;
+        dst[c * 2 + 1] = q.y;
+      } else {
+        dst[c] = *at;
+      }
+    }
+  }
+};
+
+// Grid (units, splits). A unit is a kv head with its G query heads (grouped) or, when G == 1,
+// one query head (unit = query head, kv head = unit / group). Each warp runs an online softmax
+// over keys begin+warp, begin+warp+8, ...; the block then merges its warps into one partial
+// (max, sum, unnormalised weighted value sum) per query head.
+// The cache row P (this token) is read from k/v directly, and written to the caches by the
+// block whose range holds it, so no block reads a row another block of this launch writes.
+template <int D, int G>
+__global__ void __launch_bounds__(kDecodeThreads)
+    decode_split_kernel(const float* qg, const float* k, const float* v, float* k_cache,
+                        float* v_cache, int64_t capacity, int q_heads, int kv_heads, int group,
+                        int64_t pos_host, const int32_t* pos_device, int splits, float scale,
+                        float* part_o, float* part_ml) {
+  using Slice = LaneSlice<D>;
+  constexpr int kPer = Slice::kPer;
+  __shared__ float s_m[kDecodeWarps][G];
+  __shared__ float s_l[kDecodeWarps][G];
+  __shared__ __align__(16) float s_acc[G][D];
+
+  const int64_t P = read_position(pos_host, pos_device);
+  if (P < 0 || P >= capacity) return;
+  const int64_t keys = P + 1;
+  const int split = blockIdx.y;
+  const int64_t kps = keys_per_split(keys, splits);
+  const int64_t begin = static_cast<int64_t>(split) * kps;
+  if (begin >= keys) return;  // empty split: the combine never reads it
+  const int64_t end = begin + kps < keys ? begin + kps : keys;
+
+  const int unit = blockIdx.x;
+  const int kvh = G > 1 ? unit : unit / group;
+  const int q0 = G > 1 ? unit * G : unit;
+  const int64_t row = static_cast<int64_t>(kv_heads) * D;
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+
+  if (begin <= P && P < end && (G > 1 || unit % group == 0)) {
+    for (int i = threadIdx.x; i < D; i += kDecodeThreads) {
+      k_cache[P * row + kvh * D + i] = k[kvh * D + i];
+      v_cache[P * row + kvh * D + i] = v[kvh * D + i];
+    }
+  }
+
+  float q[G][kPer];
+#pragma unroll
+  for (int g = 0; g < G; ++g) Slice::load(qg + static_cast<int64_t>(q0 + g) * 2 * D, lane, q[g]);
+
+  float m[G], l[G], acc[G][kPer];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    m[g] = kNegInf;
+    l[g] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) acc[g][e] = 0.0f;
+  }
+
+  auto process = [&](const float (&kr)[kPer], const float (&vr)[kPer]) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      float d = 0.0f;
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) d = fmaf(q[g][e], kr[e], d);
+      const float sc = warp_sum(d) * scale;
+      const float m_new = fmaxf(m[g], sc);
+      const float corr = exp_shifted(m[g], m_new);
+      const float p = exp_shifted(sc, m_new);
+      l[g] = l[g] * corr + p;
+#pragma unroll
+      for (int e = 0; e < kPer; ++e) acc[g][e] = fmaf(p, vr[e], acc[g][e] * corr);
+      m[g] = m_new;
+    }
+  };
+
+  for (int64_t j = begin + warp; j < end; j += 2 * kDecodeWarps) {
+    const int64_t j1 = j + kDecodeWarps;
+    const bool two = j1 < end;
+    float k0[kPer], v0[kPer], k1[kPer], v1[kPer];
+    Slice::load(j == P ? k + kvh * D : k_cache + j * row + kvh * D, lane, k0);
+    Slice::load(j == P ? v + kvh * D : v_cache + j * row + kvh * D, lane, v0);
+    if (two) {
+      Slice::load(j1 == P ? k + kvh * D : k_cache + j1 * row + kvh * D, lane, k1);
+      Slice::load(j1 == P ? v + kvh * D : v_cache + j1 * row + kvh * D, lane, v1);
+    }
+    process(k0, v0);
+    if (two) process(k1, v1);
+  }
+
+  // Merge the warps: common max, rescaled sums, then the value sums added warp by warp
+  // (fixed order: deterministic).
+  if (lane == 0) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      s_m[warp][g] = m[g];
+      s_l[warp][g] = l[g];
+    }
+  }
+  __syncthreads();
+  float block_m[G], block_l[G];
+#pragma unroll
+  for (int g = 0; g < G; ++g) {
+    float mx = kNegInf;
+    for (int w = 0; w < kDecodeWarps; ++w) mx = fmaxf(mx, s_m[w][g]);
+    float sum = 0.0f;
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float mw = s_m[w][g];
+      sum += mw == kNegInf ? 0.0f : s_l[w][g] * expf(mw - mx);
+    }
+    block_m[g] = mx;
+    block_l[g] = sum;
+    const float f = m[g] == kNegInf ? 0.0f : expf(m[g] - mx);
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) acc[g][e] *= f;
+  }
+  for (int w = 0; w < kDecodeWarps; ++w) {
+    if (warp == w) {
+#pragma unroll
+      for (int g = 0; g < G; ++g) {
+#pragma unroll
+        for (int c = 0; c < Slice::kChunks; ++c) {
+#pragma unroll
+          for (int x = 0; x < Slice::kVec; ++x) {
+            const int idx = Slice::index(lane, c, x);
+            const float val = acc[g][c * Slice::kVec + x];
+            s_acc[g][idx] = w == 0 ? val : s_acc[g][idx] + val;
+          }
+        }
+      }
+    }
+    __syncthreads();
+  }
+  // Partial layout: o [units, splits, G, D]; ml [units, splits, G, 2].
+  const int64_t base = (static_cast<int64_t>(unit) * splits + split) * G;
+  for (int i = threadIdx.x; i < G * D; i += kDecodeThreads) part_o[base * D + i] = (&s_acc[0][0])[i];
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int g = 0; g < G; ++g) {
+      part_ml[(base + g) * 2 + 0] = block_m[g];
+      part_ml[(base + g) * 2 + 1] = block_l[g];
+    }
+  }
+}
+
+// One block per query head: merges the valid splits, normalises, applies sigmoid(gate).
+template <int D>
+__global__ void __launch_bounds__(D)
+    decode_combine_kernel(const float* qg, int64_t capacity, int G, int64_t pos_host,
+                          const int32_t* pos_device, int splits, const float* part_o,
+                          const float* part_ml, float* out) {
+  const int h = blockIdx.x;
+  const int d = threadIdx.x;
+  const int64_t P = read_position(pos_host, pos_device);
+  float* o = out + static_cast<int64_t>(h) * D;
+  if (P < 0 || P >= capacity) {
+    o[d] = NAN;
+    return;
+  }
+  const int64_t keys = P + 1;
+  const int64_t kps = keys_per_split(keys, splits);
+  const int valid = static_cast<int>((keys + kps - 1) / kps);
+  const int unit = h / G;
+  const int g = h % G;
+  auto at = [&](int sp) { return (static_cast<int64_t>(unit) * splits + sp) * G + g; };
+  float mx = kNegInf;
+  for (int sp = 0; sp < valid; ++sp) mx = fmaxf(mx, part_ml[at(sp) * 2]);
+  float total = 0.0f;
+  float acc = 0.0f;
+  for (int sp = 0; sp < valid; ++sp) {
+    const float ms = part_ml[at(sp) * 2];
+    const float w = ms == kNegInf ? 0.0f : expf(ms - mx);
+    total += w * part_ml[at(sp) * 2 + 1];
+    acc += w * part_o[at(sp) * D + d];
+  }
+  const float gate = qg[(static_cast<int64_t>(h) * 2 + 1) * D + d];
+  o[d] = acc / total * sigmoidf_(gate);
+}
+
+// ============================== prefill (n > 1) =========================================
+// Grid (query tiles of kBq tokens, q_heads), 128 threads. Per key tile of kBk keys:
+//   S = Q K^T over D in chunks of kDc dims (K chunk staged in shared memory), masked, online
+//   softmax per row; P to shared memory; O += P V over chunks of kVk keys (V staged).
+// Thread (ty, tx) = (tid / 16, tid % 16) owns rows ty + 8i (i < 4), keys tx + 16j (j < 4) of
+// S and dims tx + 16c (c < D/16) of O. All in f32.
+
+constexpr int kBq = 32;
+constexpr int kBk = 64;
+constexpr int kDc = 64;  // dims per K chunk
+constexpr int kVk = 16;  // keys per V chunk
+constexpr int kPrefillThreads = 128;
+
+template <int D>
+struct PrefillSmem {
+  static constexpr int kQStride = D + 4;    // float4-aligned, rows in different banks
+  static constexpr int kKStride = kDc + 4;  // float4-aligned
+  static constexpr int kPStride = kBk + 1;
+  static constexpr int kKFloats = kBk * kKStride;
+  static constexpr int kVFloats = kVk * D;
+  static constexpr int kBufFloats = kKFloats > kVFloats ? kKFloats : kVFloats;
+  static constexpr int kFloats = kBq * kQStride + kBq * kPStride + kBufFloats;
+  static constexpr size_t kBytes = sizeof(float) * kFloats;
+};
+
+template <int D>
+__global__ void __launch_bounds__(kPrefillThreads)
+    prefill_kernel(const float* qg, const float* k_cache, const float* v_cache, int q_heads,
+                   int kv_heads, int group, int64_t pos, int64_t n, float scale, float* out) {
+  using Smem = PrefillSmem<D>;
+  constexpr int kC = D / 16;  // O columns per thread
+  constexpr int kDChunk = D < kDc ? D : kDc;
+  extern __shared__ __align__(16) float smem[];
+  float* Qs = smem;
+  float* Ps = Qs + kBq * Smem::kQStride;
+  float* buf = Ps + kBq * Smem::kPStride;
+
+  const int tid = threadIdx.x;
+  const int ty = tid >> 4;
+  const int tx = tid & 15;
+  const int qtile = gridDim.x - 1 - blockIdx.x;  // the longest (last) tiles start first
+  const int h = blockIdx.y;
+  const int kvh = h / group;
+  const int64_t t0 = static_cast<int64_t>(qtile) * kBq;
+  const int64_t rows_here = n - t0 < kBq ? n - t0 : kBq;
+  const int64_t kv_end = pos + t0 + rows_here;  // keys 0..kv_end-1 are needed (and written)
+  const int64_t row_stride = static_cast<int64_t>(kv_heads) * D;
+
+  // Q tile (rows past n are zero; their outputs are not written).
+  for (int idx = tid; idx < kBq * D / 4; idx += kPrefillThreads) {
+    const int r = idx / (D / 4);
+    const int d4 = idx % (D / 4);
+    float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (r < rows_here) {
+      val = *reinterpret_cast<const float4*>(qg + ((t0 + r) * q_heads + h) * 2 * D + d4 * 4);
+    }
+    *reinterpret_cast<float4*>(Qs + r * Smem::kQStride + d4 * 4) = val;
+  }
+
+  float o[4][kC];
+  float m[4], l[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    m[i] = kNegInf;
+    l[i] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < kC; ++c) o[i][c] = 0.0f;
+  }
+
+  for (int64_t kb = 0; kb < kv_end; kb += kBk) {
+    // ---- S = Q K^T ----
+    float sacc[4][4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+#pragma unroll
+      for (int j = 0; j < 4; ++j) sacc[i][j] = 0.0f;
+    for (int d0 = 0; d0 < D; d0 += kDChunk) {
+      __syncthreads();  // the buffer is free (previous chunk / V chunk done)
+      for (int idx = tid; idx < kBk * kDChunk / 4; idx += kPrefillThreads) {
+        const int key = idx / (kDChunk / 4);
+        const int d4 = idx % (kDChunk / 4);
+        float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (kb + key < kv_end) {
+          val = *reinterpret_cast<const float4*>(k_cache + (kb + key) * row_stride + kvh * D +
+                                                 d0 + d4 * 4);
+        }
+        *reinterpret_cast<float4*>(buf + key * Smem::kKStride + d4 * 4) = val;
+      }
+      __syncthreads();
+#pragma unroll 4
+      for (int dd = 0; dd < kDChunk; dd += 4) {
+        float4 qv[4], kv[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+          qv[i] = *reinterpret_cast<const float4*>(Qs + (ty + 8 * i) * Smem::kQStride + d0 + dd);
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+          kv[j] = *reinterpret_cast<const float4*>(buf + (tx + 16 * j) * Smem::kKStride + dd);
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            float a = sacc[i][j];
+            a = fmaf(qv[i].x, kv[j].x, a);
+            a = fmaf(qv[i].y, kv[j].y, a);
+            a = fmaf(qv[i].z, kv[j].z, a);
+            a = fmaf(qv[i].w, kv[j].w, a);
+            sacc[i][j] = a;
+          }
+      }
+    }
+
+    // ---- mask, online softmax, P ----
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int r = ty + 8 * i;
+      const int64_t last = pos + t0 + r;  // this row sees keys 0..last
+      const bool live = r < rows_here;
+      float tmax = kNegInf;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t key = kb + tx + 16 * j;
+        sacc[i][j] = (live && key <= last) ? sacc[i][j] * scale : kNegInf;
+        tmax = fmaxf(tmax, sacc[i][j]);
+      }
+#pragma unroll
+      for (int off = 1; off < 16; off <<= 1) tmax = fmaxf(tmax, __shfl_xor_sync(0xffffffffu, tmax, off));
+      const float m_new = fmaxf(m[i], tmax);
+      const float corr = exp_shifted(m[i], m_new);
+      float rsum = 0.0f;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const float p = exp_shifted(sacc[i][j], m_new);
+        rsum += p;
+        Ps[r * Smem::kPStride + tx + 16 * j] = p;
+      }
+#pragma unroll
+      for (int off = 1; off < 16; off <<= 1) rsum += __shfl_xor_sync(0xffffffffu, rsum, off);
+      l[i] = l[i] * corr + rsum;
+      m[i] = m_new;
+#pragma unroll
+      for (int c = 0; c < kC; ++c) o[i][c] *= corr;
+    }
+
+    // ---- O += P V ----
+    for (int k0 = 0; k0 < kBk; k0 += kVk) {
+      if (kb + k0 >= kv_end) break;  // uniform across the block
+      __syncthreads();  // buffer free; P visible
+      for (int idx = tid; idx < kVk * D / 4; idx += kPrefillThreads) {
+        const int key = idx / (D / 4);
+        const int d4 = idx % (D / 4);
+        float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
+        if (kb + k0 + key < kv_end) {
+          val = *reinterpret_cast<const float4*>(v_cache + (kb + k0 + key) * row_stride +
+                                                 kvh * D + d4 * 4);
+        }
+        *reinterpret_cast<float4*>(buf + key * D + d4 * 4) = val;
+      }
+      __syncthreads();
+#pragma unroll 4
+      for (int kk = 0; kk < kVk; ++kk) {
+        float p[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) p[i] = Ps[(ty + 8 * i) * Smem::kPStride + k0 + kk];
+#pragma unroll
+        for (int c = 0; c < kC; ++c) {
+          const float vv = buf[kk * D + tx + 16 * c];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) o[i][c] = fmaf(p[i], vv, o[i][c]);
+        }
+      }
+    }
+  }
+
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int r = ty + 8 * i;
+    if (r >= rows_here) continue;
+    const int64_t t = t0 + r;
+    const float* gate = qg + (t * q_heads + h) * 2 * D + D;
+    float* dst = out + (t * q_heads + h) * D;
+    const float inv_l = 1.0f / l[i];
+#pragma unroll
+    for (int c = 0; c < kC; ++c) {
+      const int d = tx + 16 * c;
+      dst[d] = o[i][c] * inv_l * sigmoidf_(gate[d]);
+    }
+  }
+}
+
+// ============================== host side ===============================================
+
+RopeFreqs rope_freqs(const AttentionShape& a) {
+  // transformers: inv_freq = 1 / base ** (arange(0, rot, 2).float() / rot) in f32; the power is
+  // formed in double and rounded once (as the reference does; the CPU's powf agrees).
+  RopeFreqs f{};
+  const int half = a.rotary_dim / 2;
+  const auto base = static_cast<float>(a.rope_theta);
+  for (int i = 0; i < half && i < kMaxRotaryHalf; ++i) {
+    const float exponent = static_cast<float>(2 * i) / static_cast<float>(a.rotary_dim);
+    const auto power = static_cast<float>(std::pow(static_cast<double>(base), static_cast<double>(exponent)));
+    f.inv_freq[i] = 1.0f / power;
+  }
+  return f;
+}
+
+template <int D>
+void launch_prepare(float* qg, float* k, const float* q_norm, const float* k_norm,
+                    const AttentionShape& a, int64_t pos_host, const int32_t* pos_device,
+                    int64_t n, float eps, cudaStream_t s) {
+  const int64_t items = n * (a.q_heads + a.kv_heads);
+  const auto blocks = static_cast<unsigned>((items + kPrepareWarps - 1) / kPrepareWarps);
+  prepare_kernel<D><<<blocks, kPrepareWarps * 32, 0, s>>>(qg, k, q_norm, k_norm, a.q_heads,
+                                                          a.kv_heads, a.rotary_dim, rope_freqs(a),
+                                                          pos_host, pos_device, n, eps);
+  LILY_CUDA_LAUNCH_CHECK();
+}
+
+int decode_splits(int64_t capacity) {
+  const int64_t wanted = (capacity + kDecodeMinKeys - 1) / kDecodeMinKeys;
+  return static_cast<int>(wanted < kDecodeMaxSplits ? (wanted > 0 ? wanted : 1) : kDecodeMaxSplits);
+}
+
+template <int D, int G>
+void launch_decode_split(const float* qg, const float* k, const float* v, float* k_cache,
+                         float* v_cache, int64_t capacity, const AttentionShape& a, int units,
+                         int64_t pos_host, const int32_t* pos_device, int splits, float scale,
+                         float* part_o, float* part_ml, cudaStream_t s) {
+  const int group = a.q_heads / a.kv_heads;
+  decode_split_kernel<D, G><<<dim3(static_cast<unsigned>(units), static_cast<unsigned>(splits)),
+                              kDecodeThreads, 0, s>>>(qg, k, v, k_cache, v_cache, capacity,
+                                                      a.q_heads, a.kv_heads, group, pos_host,
+                                                      pos_device, splits, scale, part_o, part_ml);
+  LILY_CUDA_LAUNCH_CHECK();
+}
+
+template <int D>
+void launch_decode(const float* qg, const float* k, const float* v, float* k_cache, float* v_cache,
+                   int64_t capacity, const AttentionShape& a, int64_t pos_host,
+                   const int32_t* pos_device, float* out, Workspace& ws, cudaStream_t s) {
+  const int group = a.q_heads / a.kv_heads;
+  const int G = (group == 2 || group == 4 || group == 8) ? group : 1;
+  const int units = G > 1 ? a.kv_heads : a.q_heads;
+  const int splits = decode_splits(capacity);
+  const size_t o_floats = static_cast<size_t>(a.q_heads) * splits * D;
+  const size_t ml_floats = static_cast<size_t>(a.q_heads) * splits * 2;
+  auto* part_o = static_cast<float*>(ws.get(kWsAttention, (o_floats + ml_floats) * sizeof(float)));
+  float* part_ml = part_o + o_floats;  // o_floats is a multiple of 64: stays 256-byte aligned
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  switch (G) {
+    case 8:
+      launch_decode_split<D, 8>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
+                                pos_device, splits, scale, part_o, part_ml, s);
+      break;
+    case 4:
+      launch_decode_split<D, 4>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
+                                pos_device, splits, scale, part_o, part_ml, s);
+      break;
+    case 2:
+      launch_decode_split<D, 2>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
+                                pos_device, splits, scale, part_o, part_ml, s);
+      break;
+    default:
+      launch_decode_split<D, 1>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
+                                pos_device, splits, scale, part_o, part_ml, s);
+      break;
+  }
+  decode_combine_kernel<D><<<static_cast<unsigned>(a.q_heads), D, 0, s>>>(
+      qg, capacity, G, pos_host, pos_device, splits, part_o, part_ml, out);
+  LILY_CUDA_LAUNCH_CHECK();
+}
+
+template <int D>
+void launch_prefill(const float* qg, const float* k, const float* v, float* k_cache,
+                    float* v_cache, const AttentionShape& a, int64_t pos, int64_t n, float* out,
+                    cudaStream_t s) {
+  const size_t row_bytes = static_cast<size_t>(a.kv_heads) * D * sizeof(float);
+  LILY_CUDA_CHECK(cudaMemcpyAsync(k_cache + pos * a.kv_heads * D, k, n * row_bytes,
+                                  cudaMemcpyDeviceToDevice, s));
+  LILY_CUDA_CHECK(cudaMemcpyAsync(v_cache + pos * a.kv_heads * D, v, n * row_bytes,
+                                  cudaMemcpyDeviceToDevice, s));
+  constexpr size_t kSmem = PrefillSmem<D>::kBytes;
+  static bool configured = false;  // one attribute set per instantiation (host-side, no sync)
+  if (!configured) {
+    LILY_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<D>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kSmem)));
+    configured = true;
+  }
+  const auto tiles = static_cast<unsigned>((n + kBq - 1) / kBq);
+  const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  prefill_kernel<D><<<dim3(tiles, static_cast<unsigned>(a.q_heads)), kPrefillThreads, kSmem, s>>>(
+      qg, k_cache, v_cache, a.q_heads, a.kv_heads, a.q_heads / a.kv_heads, pos, n, scale, out);
+  LILY_CUDA_LAUNCH_CHECK();
+}
+
+template <int D>
+void launch_attention(const float* qg, const float* k, const float* v, float* k_cache,
+                      float* v_cache, int64_t capacity, const AttentionShape& a, int64_t pos_host,
+                      const int32_t* pos_device, int64_t n, float* out, Workspace& ws,
+                      cudaStream_t s) {
+  if (n == 1) {
+    launch_decode<D>(qg, k, v, k_cache, v_cache, capacity, a, pos_host, pos_device, out, ws, s);
+  } else {
+    launch_prefill<D>(qg, k, v, k_cache, v_cache, a, pos_host, n, out, s);
+  }
+}
+
+}  // namespace
+
+void attention_prepare(float* qg, float* k, const float* q_norm, const float* k_norm,
+                       const AttentionShape& a, int64_t pos_host, const int32_t* pos_device,
+                       int64_t n, float eps, cudaStream_t s) {
+  if (n <= 0) return;
+  switch (a.head_dim) {
+    case 64: return launch_prepare<64>(qg, k, q_norm, k_norm, a, pos_host, pos_device, n, eps, s);
+    case 128: return launch_prepare<128>(qg, k, q_norm, k_norm, a, pos_host, pos_device, n, eps, s);
+    case 256: return launch_prepare<256>(qg, k, q_norm, k_norm, a, pos_host, pos_device, n, eps, s);
+    default: throw std::invalid_argument("cuda attention_prepare: head_dim must be 64, 128 or 256");
+  }
+}
+
+void attention(const float* qg, const float* k, const float* v, float* k_cache, float* v_cache,
+               int64_t capacity, const AttentionShape& a, int64_t pos_host,
+               const int32_t* pos_device, int64_t n, float* out, Workspace& ws, cudaStream_t s) {
+  if (n <= 0) return;
+  switch (a.head_dim) {
+    case 64:
+      return launch_attention<64>(qg, k, v, k_cache, v_cache, capacity, a, pos_host, pos_device, n, out, ws, s);
+    case 128:
+      return launch_attention<128>(qg, k, v, k_cache, v_cache, capacity, a, pos_host, pos_device, n, out, ws, s);
+    case 256:
+      return launch_attention<256>(qg, k, v, k_cache, v_cache, capacity, a, pos_host, pos_device, n, out, ws, s);
+    default: throw std::invalid_argument("cuda attention: head_dim must be 64, 128 or 256");
+  }
+}
+
+}  // namespace lily::cuda

@@ -1,0 +1,544 @@
+// The CUDA backend: device memory, weight upload, op dispatch to the kernels, graph capture.
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "core/bf16.h"
+
+namespace lily {
+
+namespace {
+
+// Contract violations are programming errors of the caller: reject, never fall back.
+void require(bool ok, const char* op, const std::string& what) {
+  if (!ok) throw std::invalid_argument(std::string("cuda ") + op + ": " + what);
+}
+
+constexpr size_t kAlign = 256;
+size_t round_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
+
+__global__ void add_i32_kernel(int32_t* value, int32_t delta) { *value += delta; }
+
+void check_quant(const QuantView& w, const char* op) {
+  require(w.codes != nullptr && w.scales != nullptr && w.biases != nullptr, op,
+          "weight " + w.name + " has null buffers");
+  require(w.bits == 4 || w.bits == 8, op, "weight " + w.name + ": bits must be 4 or 8");
+  require(w.in > 0 && w.in % 64 == 0, op,
+          "weight " + w.name + ": input width must be a positive multiple of 64");
+  require(w.out > 0 && w.experts > 0, op, "weight " + w.name + " has no rows");
+}
+
+void check_dense(const DenseView& v, int64_t count, const char* op) {
+  require(v.data != nullptr && (v.dtype == DType::BF16 || v.dtype == DType::F32), op,
+          "tensor " + v.name + " must be BF16 or F32 with data");
+  const uint64_t elems = v.nbytes / (v.dtype == DType::F32 ? 4 : 2);
+  require(count < 0 || elems == static_cast<uint64_t>(count), op,
+          "tensor " + v.name + " has " + std::to_string(elems) + " values, expected " +
+              std::to_string(count));
+}
+
+cuda::AttentionShape attention_shape(const AttentionDims& d, const char* op) {
+  require(d.q_heads > 0 && d.kv_heads > 0 && d.q_heads % d.kv_heads == 0, op,
+          "q_heads must be a positive multiple of kv_heads");
+  // The kernels hold one head row per warp lane group: 64, 128 or 256 values.
+  require(d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256, op,
+          "head_dim must be 64, 128 or 256 on CUDA, got " + std::to_string(d.head_dim));
+  require(d.rotary_dim > 0 && d.rotary_dim % 2 == 0 && d.rotary_dim <= d.head_dim, op,
+          "rotary_dim must be even and within head_dim");
+  return {static_cast<int>(d.q_heads), static_cast<int>(d.kv_heads), static_cast<int>(d.head_dim),
+          static_cast<int>(d.rotary_dim), d.rope_theta};
+}
+
+cuda::DeltaNetShape delta_net_shape(const GatedDeltaNetDims& d, const char* op) {
+  require(d.key_heads > 0 && d.value_heads > 0 && d.value_heads % d.key_heads == 0, op,
+          "value_heads must be a positive multiple of key_heads");
+  const auto supported = [](int64_t dim) { return dim == 32 || dim == 64 || dim == 128; };
+  require(supported(d.key_dim) && supported(d.value_dim), op,
+          "key_dim and value_dim must be 32, 64 or 128 on CUDA");
+  require(d.conv_kernel >= 2 && d.conv_kernel <= 8, op, "conv_kernel must be in [2, 8]");
+  return {static_cast<int>(d.key_heads), static_cast<int>(d.value_heads), static_cast<int>(d.key_dim),
+          static_cast<int>(d.value_dim), static_cast<int>(d.conv_kernel)};
+}
+
+}  // namespace
+
+// ---- workspace --------------------------------------------------------------------------
+
+CudaWorkspace::~CudaWorkspace() {
+  for (Slot& slot : slots_) cudaFree(slot.ptr);
+  for (void* ptr : retired_) cudaFree(ptr);
+}
+
+void* CudaWorkspace::get(int slot, size_t bytes) {
+  require(slot >= 0 && slot < cuda::kWsCount, "workspace", "slot out of range");
+  Slot& s = slots_[slot];
+  if (bytes <= s.bytes) return s.ptr;
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  LILY_CUDA_CHECK(cudaStreamIsCapturing(stream_, &status));
+  if (status != cudaStreamCaptureStatusNone) {
+    throw std::logic_error("cuda workspace: slot " + std::to_string(slot) + " must grow to " +
+                           std::to_string(bytes) +
+                           " bytes during graph capture; the eager step should have sized it");
+  }
+  void* ptr = nullptr;
+  LILY_CUDA_CHECK(cudaMalloc(&ptr, round_up(bytes)));
+  if (s.ptr != nullptr) retired_.push_back(s.ptr);  // a captured graph may still use it
+  s.ptr = ptr;
+  s.bytes = round_up(bytes);
+  bytes_ += s.bytes;
+  return ptr;
+}
+
+// ---- device, memory ----------------------------------------------------------------------
+
+bool cuda_available(std::string* why) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count == 0) {
+    if (why != nullptr) {
+      *why = status != cudaSuccess ? std::string("no CUDA driver or device (") +
+                                         cudaGetErrorString(status) + ")"
+                                   : "no CUDA device";
+    }
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return false;
+  }
+  cudaDeviceProp prop{};
+  if (cudaGetDeviceProperties(&prop, 0) != cudaSuccess) {
+    if (why != nullptr) *why = "cannot read the properties of CUDA device 0";
+    return false;
+  }
+  if (prop.major < 8) {
+    if (why != nullptr) {
+      *why = std::string(prop.name) + " has compute capability " + std::to_string(prop.major) +
+             "." + std::to_string(prop.minor) + "; lily needs 8.0 or newer";
+    }
+    return false;
+  }
+  return true;
+}
+
+std::unique_ptr<Backend> make_cuda_backend(uint64_t required_bytes) {
+  std::string why;
+  if (!cuda_available(&why)) throw std::runtime_error("CUDA unusable: " + why);
+  auto backend = std::make_unique<CudaBackend>();
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  backend->memory_info(&free_bytes, &total_bytes);
+  if (required_bytes > free_bytes) {
+    throw std::runtime_error(
+        "CUDA device " + backend->device_name() + " has " + std::to_string(free_bytes >> 20) +
+        " MiB free of " + std::to_string(total_bytes >> 20) + " MiB; weights + state + scratch need " +
+        std::to_string(required_bytes >> 20) + " MiB (lower --max-seq or use --device cpu)");
+  }
+  return backend;
+}
+
+CudaBackend::CudaBackend() {
+  LILY_CUDA_CHECK(cudaSetDevice(0));
+  cudaDeviceProp prop{};
+  LILY_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  device_name_ = prop.name;
+  LILY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  workspace_ = std::make_unique<CudaWorkspace>(stream_);
+  LILY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_reads_), 2 * sizeof(int32_t),
+                                cudaHostAllocDefault));
+  for (cudaEvent_t& event : read_events_) {
+    LILY_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  }
+}
+
+CudaBackend::~CudaBackend() {
+  // Destructors must not throw: errors here are ignored (the process is tearing down).
+  cudaStreamSynchronize(stream_);
+  for (cudaGraphExec_t graph : graphs_) cudaGraphExecDestroy(graph);
+  workspace_.reset();
+  for (void* ptr : allocations_) cudaFree(ptr);
+  for (cudaEvent_t event : read_events_) cudaEventDestroy(event);
+  cudaFreeHost(pinned_reads_);
+  cudaStreamDestroy(stream_);
+}
+
+void CudaBackend::memory_info(size_t* free_bytes, size_t* total_bytes) const {
+  LILY_CUDA_CHECK(cudaMemGetInfo(free_bytes, total_bytes));
+}
+
+bool CudaBackend::capturing() const {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  LILY_CUDA_CHECK(cudaStreamIsCapturing(stream_, &status));
+  return status != cudaStreamCaptureStatusNone;
+}
+
+void* CudaBackend::device_alloc(size_t bytes) {
+  require(!capturing(), "alloc", "no allocation during graph capture");
+  void* ptr = nullptr;
+  LILY_CUDA_CHECK(cudaMalloc(&ptr, round_up(std::max<size_t>(bytes, 1))));
+  allocations_.push_back(ptr);
+  allocated_ += round_up(std::max<size_t>(bytes, 1));
+  // Zero-filled, as the contract says; synchronous, but allocation only happens at set-up.
+  LILY_CUDA_CHECK(cudaMemsetAsync(ptr, 0, round_up(std::max<size_t>(bytes, 1)), stream_));
+  LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  return ptr;
+}
+
+float* CudaBackend::alloc(size_t count) { return static_cast<float*>(device_alloc(count * 4)); }
+int32_t* CudaBackend::alloc_i32(size_t count) {
+  return static_cast<int32_t*>(device_alloc(count * 4));
+}
+
+void CudaBackend::zero(float* buffer, size_t count) {
+  LILY_CUDA_CHECK(cudaMemsetAsync(buffer, 0, count * sizeof(float), stream_));
+}
+
+void CudaBackend::copy_to_host(const float* src, size_t count, float* host_dst) {
+  LILY_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, count * 4, cudaMemcpyDeviceToHost, stream_));
+  LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+void CudaBackend::copy_to_host_i32(const int32_t* src, size_t count, int32_t* host_dst) {
+  LILY_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, count * 4, cudaMemcpyDeviceToHost, stream_));
+  LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+// Host sources may be reused as soon as these return, so they wait for the transfer.
+void CudaBackend::copy_from_host(const int32_t* host_src, size_t count, int32_t* dst) {
+  LILY_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, count * 4, cudaMemcpyHostToDevice, stream_));
+  LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+void CudaBackend::copy_from_host(const float* host_src, size_t count, float* dst) {
+  LILY_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, count * 4, cudaMemcpyHostToDevice, stream_));
+  LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+void CudaBackend::copy(const float* src, size_t count, float* dst) {
+  LILY_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * 4, cudaMemcpyDeviceToDevice, stream_));
+}
+void CudaBackend::copy_i32(const int32_t* src, size_t count, int32_t* dst) {
+  LILY_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * 4, cudaMemcpyDeviceToDevice, stream_));
+}
+void CudaBackend::add_i32(int32_t* value, int32_t delta) {
+  add_i32_kernel<<<1, 1, 0, stream_>>>(value, delta);
+  LILY_CUDA_LAUNCH_CHECK();
+}
+
+void CudaBackend::read_async(const int32_t* src, int slot) {
+  require(slot == 0 || slot == 1, "read_async", "slot must be 0 or 1");
+  LILY_CUDA_CHECK(cudaMemcpyAsync(pinned_reads_ + slot, src, sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, stream_));
+  LILY_CUDA_CHECK(cudaEventRecord(read_events_[slot], stream_));
+}
+
+int32_t CudaBackend::wait_read(int slot) {
+  require(slot == 0 || slot == 1, "wait_read", "slot must be 0 or 1");
+  LILY_CUDA_CHECK(cudaEventSynchronize(read_events_[slot]));
+  return pinned_reads_[slot];
+}
+
+uint64_t CudaBackend::allocated_bytes() const { return allocated_ + workspace_->bytes(); }
+
+void CudaBackend::synchronize() { LILY_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+// ---- graphs -----------------------------------------------------------------------------
+
+void CudaBackend::begin_capture() {
+  require(!capturing(), "begin_capture", "a capture is already open");
+  // Thread-local mode: other threads' unrelated CUDA calls do not invalidate the capture.
+  LILY_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+}
+
+int CudaBackend::end_capture() {
+  cudaGraph_t graph = nullptr;
+  LILY_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  LILY_CUDA_CHECK(status);
+  graphs_.push_back(exec);
+  return static_cast<int>(graphs_.size() - 1);
+}
+
+void CudaBackend::replay(int graph) {
+  require(graph >= 0 && static_cast<size_t>(graph) < graphs_.size(), "replay", "unknown graph");
+  LILY_CUDA_CHECK(cudaGraphLaunch(graphs_[static_cast<size_t>(graph)], stream_));
+}
+
+// ---- weights ----------------------------------------------------------------------------
+
+namespace {
+
+// Every weight view of the model, for upload.
+void for_each_weight(const ModelWeights& w, const auto& on_quant, const auto& on_dense) {
+  on_quant(w.embed);
+  on_quant(w.lm_head);
+  on_dense(w.final_norm);
+  for (const LayerWeights& layer : w.layers) {
+    on_dense(layer.input_norm);
+    on_dense(layer.post_attention_norm);
+    if (layer.kind == LayerKind::linear_attention) {
+      const GatedDeltaNetWeights& g = layer.gdn;
+      for (const QuantView* q : {&g.in_proj_qkv, &g.in_proj_z, &g.in_proj_a, &g.in_proj_b, &g.out_proj}) on_quant(*q);
+      for (const DenseView* d : {&g.conv1d, &g.a_log, &g.dt_bias, &g.norm}) on_dense(*d);
+    } else {
+      const AttentionWeights& a = layer.attn;
+      for (const QuantView* q : {&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj}) on_quant(*q);
+      for (const DenseView* d : {&a.q_norm, &a.k_norm}) on_dense(*d);
+    }
+    const MoeWeights& m = layer.moe;
+    for (const QuantView* q : {&m.router, &m.experts_gate, &m.experts_up, &m.experts_down,
+                               &m.shared_gate, &m.shared_up, &m.shared_down, &m.shared_expert_gate}) {
+      on_quant(*q);
+    }
+  }
+}
+
+}  // namespace
+
+void CudaBackend::prepare(const ModelWeights& weights, const LoadProgressFn& progress) {
+  uint64_t total = 0;
+  for_each_weight(
+      weights, [&](const QuantView& q) { total += q.stored_bytes(); },
+      [&](const DenseView& d) { total += d.nbytes; });
+  uint64_t done = 0;
+  uint64_t reported = 0;
+  auto advance = [&](uint64_t bytes) {
+    done += bytes;
+    if (progress && (done - reported >= (256ull << 20) || done == total)) {
+      progress(done, total);
+      reported = done;
+    }
+  };
+  for_each_weight(
+      weights,
+      [&](const QuantView& q) {
+        quant(q);
+        advance(q.stored_bytes());
+      },
+      [&](const DenseView& d) {
+        dense(d);
+        advance(d.nbytes);
+      });
+  if (progress && reported != done) progress(done, total);
+}
+
+namespace {
+// Identifies a view's host data: its pointers, shape and first bytes. The model's views stay
+// put for the backend's life; the fingerprint keeps a test that frees a weight and gets the
+// same address for a different one from reading a stale copy.
+std::string weight_key(const void* a, const void* b, const void* c, uint64_t shape0,
+                       uint64_t shape1, size_t head_bytes) {
+  std::string key(reinterpret_cast<const char*>(&a), sizeof a);
+  key.append(reinterpret_cast<const char*>(&b), sizeof b);
+  key.append(reinterpret_cast<const char*>(&c), sizeof c);
+  key.append(reinterpret_cast<const char*>(&shape0), sizeof shape0);
+  key.append(reinterpret_cast<const char*>(&shape1), sizeof shape1);
+  key.append(static_cast<const char*>(a), head_bytes);
+  return key;
+}
+}  // namespace
+
+const cuda::QuantMatrix& CudaBackend::quant(const QuantView& view) {
+  check_quant(view, "weight");
+  const size_t head = std::min<uint64_t>(32, view.words_per_row() * 4);
+  const std::string key = weight_key(view.codes, view.scales, view.biases,
+                                     view.rows() * 16 + static_cast<uint64_t>(view.bits), view.in, head);
+  auto it = quant_.find(key);
+  if (it != quant_.end()) return it->second;
+  check_quant(view, "upload");
+  const uint64_t rows = view.rows();
+  const size_t code_bytes = rows * view.words_per_row() * 4;
+  const size_t group_bytes = rows * view.groups_per_row() * 2;
+  auto* codes = static_cast<uint32_t*>(device_alloc(code_bytes));
+  auto* scales = static_cast<__nv_bfloat16*>(device_alloc(group_bytes));
+  auto* biases = static_cast<__nv_bfloat16*>(device_alloc(group_bytes));
+  // Pageable, possibly unaligned mapped memory: the driver stages it.
+  LILY_CUDA_CHECK(cudaMemcpy(codes, view.codes, code_bytes, cudaMemcpyHostToDevice));
+  LILY_CUDA_CHECK(cudaMemcpy(scales, view.scales, group_bytes, cudaMemcpyHostToDevice));
+  LILY_CUDA_CHECK(cudaMemcpy(biases, view.biases, group_bytes, cudaMemcpyHostToDevice));
+  cuda::QuantMatrix m;
+  m.codes = codes;
+  m.scales = scales;
+  m.biases = biases;
+  m.bits = view.bits;
+  m.experts = static_cast<int64_t>(view.experts);
+  m.out = static_cast<int64_t>(view.out);
+  m.in = static_cast<int64_t>(view.in);
+  return quant_.emplace(key, m).first->second;
+}
+
+const float* CudaBackend::dense(const DenseView& view) {
+  check_dense(view, -1, "upload");
+  const std::string key = weight_key(view.data, nullptr, nullptr, view.nbytes,
+                                     static_cast<uint64_t>(view.dtype), std::min<uint64_t>(view.nbytes, 32));
+  auto it = dense_.find(key);
+  if (it != dense_.end()) return it->second;
+  const bool f32 = view.dtype == DType::F32;
+  const size_t count = view.nbytes / (f32 ? 4 : 2);
+  std::vector<float> host(count);
+  for (size_t i = 0; i < count; ++i) {
+    if (f32) {
+      std::memcpy(&host[i], view.data + 4 * i, 4);
+    } else {
+      uint16_t bits = 0;
+      std::memcpy(&bits, view.data + 2 * i, 2);
+      host[i] = bf16_to_f32(bits);
+    }
+  }
+  auto* device = static_cast<float*>(device_alloc(count * 4));
+  LILY_CUDA_CHECK(cudaMemcpy(device, host.data(), count * 4, cudaMemcpyHostToDevice));
+  return dense_.emplace(key, device).first->second;
+}
+
+// ---- ops --------------------------------------------------------------------------------
+
+void CudaBackend::embed(const QuantView& table, const int32_t* ids, int64_t n, float* out) {
+  require(n > 0 && ids != nullptr && out != nullptr, "embed", "needs n > 0 and buffers");
+  cuda::embed(quant(table), ids, n, out, stream_);
+}
+
+void CudaBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x,
+                         int64_t n, float* y) {
+  const cuda::QuantMatrix& m = quant(w);
+  require(n > 0 && rows > 0 && row_begin >= 0 && row_begin + rows <= m.rows(), "matmul",
+          "rows [" + std::to_string(row_begin) + ", " + std::to_string(row_begin + rows) +
+              ") outside " + w.name + "'s " + std::to_string(m.rows()) + " rows, or n <= 0");
+  require(x != nullptr && y != nullptr, "matmul", "null activation buffers");
+  if (n <= cuda::kGemvMaxTokens) {
+    cuda::gemv(m, row_begin, rows, x, n, y, stream_);
+  } else {
+    cuda::gemm(m, row_begin, rows, x, n, y, *workspace_, stream_);
+  }
+}
+
+void CudaBackend::rms_norm(const float* x, const DenseView& gain, int64_t n, int64_t dim,
+                           float eps, float* out) {
+  check_dense(gain, dim, "rms_norm");
+  require(n > 0 && dim > 0 && x != nullptr && out != nullptr, "rms_norm", "needs rows and buffers");
+  cuda::rms_norm(x, dense(gain), n, dim, eps, out, stream_);
+}
+
+void CudaBackend::add_rms_norm(float* residual, const float* delta, const DenseView& gain,
+                               int64_t n, int64_t dim, float eps, float* out) {
+  check_dense(gain, dim, "add_rms_norm");
+  require(n > 0 && dim > 0 && residual != nullptr && delta != nullptr && out != nullptr,
+          "add_rms_norm", "needs rows and buffers");
+  cuda::add_rms_norm(residual, delta, dense(gain), n, dim, eps, out, stream_);
+}
+
+void CudaBackend::gated_rms_norm(const float* x, const float* z, const DenseView& gain,
+                                 int64_t rows, int64_t dim, float eps, float* out) {
+  check_dense(gain, dim, "gated_rms_norm");
+  require(rows > 0 && dim > 0 && x != nullptr && z != nullptr && out != nullptr, "gated_rms_norm",
+          "needs rows and buffers");
+  cuda::gated_rms_norm(x, z, dense(gain), rows, dim, eps, out, stream_);
+}
+
+namespace {
+void check_position(SeqPos pos, int64_t n, int64_t capacity, const char* op) {
+  require(n > 0, op, "needs n > 0");
+  if (pos.device != nullptr) {
+    require(n == 1, op, "a device position needs n == 1 (one decode step)");
+  } else {
+    require(pos.host >= 0 && (capacity < 0 || pos.host + n <= capacity), op,
+            "positions [" + std::to_string(pos.host) + ", " + std::to_string(pos.host + n) +
+                ") exceed the KV cache capacity " + std::to_string(capacity));
+  }
+}
+}  // namespace
+
+void CudaBackend::attention_prepare(float* qg, float* k, const DenseView& q_norm,
+                                    const DenseView& k_norm, const AttentionDims& dims,
+                                    SeqPos start_pos, int64_t n, float eps) {
+  const cuda::AttentionShape a = attention_shape(dims, "attention_prepare");
+  check_dense(q_norm, dims.head_dim, "attention_prepare");
+  check_dense(k_norm, dims.head_dim, "attention_prepare");
+  check_position(start_pos, n, -1, "attention_prepare");
+  require(qg != nullptr && k != nullptr, "attention_prepare", "null buffers");
+  cuda::attention_prepare(qg, k, dense(q_norm), dense(k_norm), a, start_pos.host, start_pos.device,
+                          n, eps, stream_);
+}
+
+void CudaBackend::attention(const float* qg, const float* k, const float* v, float* k_cache,
+                            float* v_cache, int64_t capacity, const AttentionDims& dims,
+                            SeqPos start_pos, int64_t n, float* out) {
+  const cuda::AttentionShape a = attention_shape(dims, "attention");
+  require(capacity > 0, "attention", "needs capacity > 0");
+  check_position(start_pos, n, capacity, "attention");
+  require(qg != nullptr && k != nullptr && v != nullptr && k_cache != nullptr &&
+              v_cache != nullptr && out != nullptr,
+          "attention", "null buffers");
+  cuda::attention(qg, k, v, k_cache, v_cache, capacity, a, start_pos.host, start_pos.device, n,
+                  out, *workspace_, stream_);
+}
+
+void CudaBackend::conv1d_silu(const float* mixed, float* window, const DenseView& weight,
+                              const GatedDeltaNetDims& dims, int64_t n, float* out) {
+  const cuda::DeltaNetShape d = delta_net_shape(dims, "conv1d_silu");
+  check_dense(weight, d.channels() * dims.conv_kernel, "conv1d_silu");
+  require(n > 0 && mixed != nullptr && window != nullptr && out != nullptr, "conv1d_silu",
+          "needs n > 0 and buffers");
+  cuda::conv1d_silu(mixed, window, dense(weight), d, n, out, stream_);
+}
+
+void CudaBackend::gated_delta_rule(const float* conv, const float* a, const float* b,
+                                   const DenseView& a_log, const DenseView& dt_bias, float* state,
+                                   const GatedDeltaNetDims& dims, int64_t n, float* out) {
+  const cuda::DeltaNetShape d = delta_net_shape(dims, "gated_delta_rule");
+  check_dense(a_log, dims.value_heads, "gated_delta_rule");
+  check_dense(dt_bias, dims.value_heads, "gated_delta_rule");
+  require(n > 0 && conv != nullptr && a != nullptr && b != nullptr && state != nullptr &&
+              out != nullptr,
+          "gated_delta_rule", "needs n > 0 and buffers");
+  cuda::gated_delta_rule(conv, a, b, dense(a_log), dense(dt_bias), state, d, n, out, stream_);
+}
+
+void CudaBackend::moe_route(const float* logits, int64_t n, int64_t experts, int64_t k,
+                            int32_t* ids, float* weights) {
+  require(k > 0 && k <= experts && k <= 16 && experts <= 1024, "moe_route",
+          "needs 1 <= k <= min(experts, 16) and experts <= 1024");
+  require(n > 0 && logits != nullptr && ids != nullptr && weights != nullptr, "moe_route",
+          "needs n > 0 rows and non-null buffers");
+  cuda::moe_route(logits, n, experts, k, ids, weights, stream_);
+}
+
+void CudaBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const float* x,
+                                const int32_t* ids, int64_t n, int64_t k, float* h) {
+  const cuda::QuantMatrix& g = quant(gate);
+  const cuda::QuantMatrix& u = quant(up);
+  require(g.experts == u.experts && g.out == u.out && g.in == u.in, "expert_swiglu",
+          "gate " + gate.name + " and up " + up.name + " must have the same shape");
+  require(n > 0 && k > 0 && x != nullptr && h != nullptr, "expert_swiglu", "needs n, k > 0 and buffers");
+  require(ids != nullptr || k == 1, "expert_swiglu", "ids == nullptr (expert 0) needs k == 1");
+  if (n <= cuda::kGemvMaxTokens) {
+    cuda::expert_swiglu_gemv(g, u, x, ids, n, k, h, stream_);
+  } else {
+    cuda::expert_swiglu_grouped(g, u, x, ids, n, k, h, *workspace_, stream_);
+  }
+}
+
+void CudaBackend::expert_down_combine(const QuantView& down, const float* h, const int32_t* ids,
+                                      const float* weights, int64_t n, int64_t k,
+                                      const QuantView& shared_down, const float* shared_h,
+                                      const float* shared_logit, float* out) {
+  const cuda::QuantMatrix& d = quant(down);
+  const cuda::QuantMatrix& s = quant(shared_down);
+  require(d.out == s.out, "expert_down_combine",
+          "routed and shared down projections must have the same output width");
+  require(n > 0 && k > 0 && h != nullptr && ids != nullptr && weights != nullptr &&
+              shared_h != nullptr && shared_logit != nullptr && out != nullptr,
+          "expert_down_combine", "needs n, k > 0 and buffers");
+  if (n <= cuda::kGemvMaxTokens) {
+    cuda::expert_down_combine_gemv(d, h, ids, weights, n, k, s, shared_h, shared_logit, out, stream_);
+  } else {
+    cuda::expert_down_combine_grouped(d, h, ids, weights, n, k, s, shared_h, shared_logit, out,
+                                      *workspace_, stream_);
+  }
+}
+
+void CudaBackend::argmax(const float* logits, int64_t n, int64_t vocab, int32_t* out) {
+  require(n > 0 && vocab > 0 && logits != nullptr && out != nullptr, "argmax",
+          "needs n > 0 rows of vocab > 0 logits");
+  cuda::argmax(logits, n, vocab, out, *workspace_, stream_);
+}
+
+}  // namespace lily

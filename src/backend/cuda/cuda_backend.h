@@ -1,0 +1,121 @@
+// The CUDA backend: device memory, weight upload, op dispatch to the kernels, graph capture.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_ops.h"
+
+namespace lily {
+
+// Grow-only scratch (see cuda::Workspace): old buffers stay alive for graphs that use them.
+class CudaWorkspace final : public cuda::Workspace {
+ public:
+  explicit CudaWorkspace(cudaStream_t stream) : stream_(stream) {}
+  ~CudaWorkspace() override;
+  void* get(int slot, size_t bytes) override;
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  cudaStream_t stream_;
+  struct Slot {
+    void* ptr = nullptr;
+    size_t bytes = 0;
+  };
+  Slot slots_[cuda::kWsCount];
+  std::vector<void*> retired_;
+  uint64_t bytes_ = 0;  // every buffer, retired ones included
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend();
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  std::string name() const override { return "cuda"; }
+  int threads() const override { return 1; }  // one stream; the SMs are not threads to set
+  std::string device_name() const override { return device_name_; }
+  using Backend::prepare;
+  void prepare(const ModelWeights& weights, const LoadProgressFn& progress) override;
+  float* alloc(size_t count) override;
+  int32_t* alloc_i32(size_t count) override;
+  void zero(float* buffer, size_t count) override;
+  void copy_to_host(const float* src, size_t count, float* host_dst) override;
+  void copy_from_host(const int32_t* host_src, size_t count, int32_t* dst) override;
+  void copy_from_host(const float* host_src, size_t count, float* dst) override;
+  void copy_to_host_i32(const int32_t* src, size_t count, int32_t* host_dst) override;
+  void copy(const float* src, size_t count, float* dst) override;
+  void copy_i32(const int32_t* src, size_t count, int32_t* dst) override;
+  void add_i32(int32_t* value, int32_t delta) override;
+  void read_async(const int32_t* src, int slot) override;
+  int32_t wait_read(int slot) override;
+  void synchronize() override;
+  uint64_t allocated_bytes() const override;
+  bool can_capture() const override { return true; }
+  void begin_capture() override;
+  int end_capture() override;
+  void replay(int graph) override;
+
+  void embed(const QuantView& table, const int32_t* ids, int64_t n, float* out) override;
+  void matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
+              float* y) override;
+  void rms_norm(const float* x, const DenseView& gain, int64_t n, int64_t dim, float eps,
+                float* out) override;
+  void add_rms_norm(float* residual, const float* delta, const DenseView& gain, int64_t n,
+                    int64_t dim, float eps, float* out) override;
+  void attention_prepare(float* qg, float* k, const DenseView& q_norm, const DenseView& k_norm,
+                         const AttentionDims& dims, SeqPos start_pos, int64_t n,
+                         float eps) override;
+  void attention(const float* qg, const float* k, const float* v, float* k_cache, float* v_cache,
+                 int64_t capacity, const AttentionDims& dims, SeqPos start_pos, int64_t n,
+                 float* out) override;
+  void conv1d_silu(const float* mixed, float* window, const DenseView& weight,
+                   const GatedDeltaNetDims& dims, int64_t n, float* out) override;
+  void gated_delta_rule(const float* conv, const float* a, const float* b, const DenseView& a_log,
+                        const DenseView& dt_bias, float* state, const GatedDeltaNetDims& dims,
+                        int64_t n, float* out) override;
+  void gated_rms_norm(const float* x, const float* z, const DenseView& gain, int64_t rows,
+                      int64_t dim, float eps, float* out) override;
+  void moe_route(const float* logits, int64_t n, int64_t experts, int64_t k, int32_t* ids,
+                 float* weights) override;
+  void expert_swiglu(const QuantView& gate, const QuantView& up, const float* x,
+                     const int32_t* ids, int64_t n, int64_t k, float* h) override;
+  void expert_down_combine(const QuantView& down, const float* h, const int32_t* ids,
+                           const float* weights, int64_t n, int64_t k,
+                           const QuantView& shared_down, const float* shared_h,
+                           const float* shared_logit, float* out) override;
+  void argmax(const float* logits, int64_t n, int64_t vocab, int32_t* out) override;
+
+  // Free and total device memory in bytes, now.
+  void memory_info(size_t* free_bytes, size_t* total_bytes) const;
+
+ private:
+  // The device copy of a weight, uploaded on first use (prepare uploads the model's). Not
+  // during graph capture: device_alloc refuses then.
+  const cuda::QuantMatrix& quant(const QuantView& view);
+  const float* dense(const DenseView& view);
+  bool capturing() const;
+  void* device_alloc(size_t bytes);
+
+  cudaStream_t stream_ = nullptr;
+  std::string device_name_;
+  std::unique_ptr<CudaWorkspace> workspace_;
+  std::map<std::string, cuda::QuantMatrix> quant_;  // by weight_key (cuda_backend.cu)
+  std::map<std::string, const float*> dense_;
+  std::vector<void*> allocations_;
+  uint64_t allocated_ = 0;  // bytes in allocations_
+  std::vector<cudaGraphExec_t> graphs_;
+  cudaGraph_t capture_ = nullptr;
+  int32_t* pinned_reads_ = nullptr;  // [2] pinned host i32, the read_async slots
+  cudaEvent_t read_events_[2] = {nullptr, nullptr};
+};
+
+}  // namespace lily

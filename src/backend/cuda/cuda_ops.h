@@ -1,0 +1,159 @@
+// The CUDA kernels' launch functions: raw device pointers and one stream, no validation
+// (CudaBackend validates every argument before it calls these). One .cu file per group.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+
+namespace lily::cuda {
+
+// An MLX affine Q4/Q8 weight (group 64) in device memory, uploaded from a QuantView.
+// Stacked experts are flattened: expert e's row r is row e * out + r.
+// All three arrays are 256-byte aligned at row 0; a row's codes start at row * words_per_row.
+struct QuantMatrix {
+  const uint32_t* codes = nullptr;        // U32  [rows, in * bits / 32]
+  const __nv_bfloat16* scales = nullptr;  // BF16 [rows, in / 64]
+  const __nv_bfloat16* biases = nullptr;  // BF16 [rows, in / 64]
+  int bits = 4;                           // 4 or 8
+  int64_t experts = 1;
+  int64_t out = 0;  // rows per expert
+  int64_t in = 0;   // logical input width, a multiple of 64
+  __host__ __device__ int64_t rows() const { return experts * out; }
+  __host__ __device__ int64_t words_per_row() const { return in * bits / 32; }
+  __host__ __device__ int64_t groups_per_row() const { return in / 64; }
+};
+
+// Grow-only device scratch owned by the backend. A buffer handed out is never freed before
+// the backend is destroyed (a captured graph may still point at it), so growing a slot
+// allocates a new buffer and keeps the old one. Allocation happens outside graph capture:
+// the first (eager) run of a shape sizes everything its captured replays need.
+class Workspace {
+ public:
+  virtual ~Workspace() = default;
+  // At least `bytes` of device memory, 256-byte aligned, for the caller's private use until
+  // its kernels finish (stream order). Slots keep unrelated users apart.
+  virtual void* get(int slot, size_t bytes) = 0;
+};
+
+// Workspace slots, one per user.
+enum WorkspaceSlot : int {
+  kWsArgmax = 0,
+  kWsAttention = 1,
+  kWsGemm = 2,
+  kWsMoe = 3,
+  kWsMoe2 = 4,
+  kWsGdn = 5,
+  kWsCount = 8,
+};
+
+// ---- quant_gemv.cu (decode: few tokens, bandwidth bound) --------------------------------
+// Largest n the GEMV kernels take; CudaBackend routes larger n to the GEMM kernels.
+inline constexpr int64_t kGemvMaxTokens = 8;
+
+// out[t, :] = dequant(table row ids[t])                 ids [n] i32; out [n, in] f32
+void embed(const QuantMatrix& table, const int32_t* ids, int64_t n, float* out, cudaStream_t s);
+
+// y[t, r] = sum_c W[row_begin + r, c] x[t, c]            x [n, in] f32; y [n, rows] f32; n <= 8
+void gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
+          float* y, cudaStream_t s);
+
+// out[t] = index of the largest logit (lowest index on ties; NaN never wins over a number,
+// where the CPU's strict scan would keep a NaN at index 0: a difference only for NaN logits).
+// logits [n, vocab] f32; out [n] i32
+void argmax(const float* logits, int64_t n, int64_t vocab, int32_t* out, Workspace& ws,
+            cudaStream_t s);
+
+// h[t, j, :] = silu(G_e x[t]) * U_e x[t], e = ids[t, j] (ids == nullptr: e = 0), n <= 8.
+// x [n, in] f32; ids [n, k] i32 (device); h [n, k, I] f32 with I = gate.out
+void expert_swiglu_gemv(const QuantMatrix& gate, const QuantMatrix& up, const float* x,
+                        const int32_t* ids, int64_t n, int64_t k, float* h, cudaStream_t s);
+
+// out[t] = sum_j weights[t, j] D_{ids[t,j]} h[t, j] + sigmoid(shared_logit[t]) D_s shared_h[t], n <= 8
+// h [n, k, I]; ids, weights [n, k]; shared_h [n, S]; shared_logit [n]; out [n, H] (H = down.out)
+void expert_down_combine_gemv(const QuantMatrix& down, const float* h, const int32_t* ids,
+                              const float* weights, int64_t n, int64_t k,
+                              const QuantMatrix& shared_down, const float* shared_h,
+                              const float* shared_logit, float* out, cudaStream_t s);
+
+// ---- quant_gemm.cu, moe_grouped.cu (prefill: many tokens, tensor cores) -----------------
+// Same contract as gemv, any n >= 1: dequantised BF16 weight tiles x BF16 activations on
+// tensor cores, f32 accumulation.
+void gemm(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
+          float* y, Workspace& ws, cudaStream_t s);
+
+// Same contracts as the _gemv versions, any n >= 1: the n*k (token, expert) pairs are sorted
+// by expert on the device (no host round trip) and each expert's tokens run as one GEMM.
+void expert_swiglu_grouped(const QuantMatrix& gate, const QuantMatrix& up, const float* x,
+                           const int32_t* ids, int64_t n, int64_t k, float* h, Workspace& ws,
+                           cudaStream_t s);
+void expert_down_combine_grouped(const QuantMatrix& down, const float* h, const int32_t* ids,
+                                 const float* weights, int64_t n, int64_t k,
+                                 const QuantMatrix& shared_down, const float* shared_h,
+                                 const float* shared_logit, float* out, Workspace& ws,
+                                 cudaStream_t s);
+
+// ---- norms.cu -------------------------------------------------------------------------
+// out = x / sqrt(mean(x^2) + eps) * gain                x, out [n, dim]; gain [dim] f32
+void rms_norm(const float* x, const float* gain, int64_t n, int64_t dim, float eps, float* out,
+              cudaStream_t s);
+// residual += delta; out = rms_norm(residual)           residual, delta, out [n, dim]
+void add_rms_norm(float* residual, const float* delta, const float* gain, int64_t n, int64_t dim,
+                  float eps, float* out, cudaStream_t s);
+// out = rms_norm(x) * gain * silu(z) per row            x, z, out [rows, dim]; gain [dim] f32
+void gated_rms_norm(const float* x, const float* z, const float* gain, int64_t rows, int64_t dim,
+                    float eps, float* out, cudaStream_t s);
+
+// ---- attention.cu ----------------------------------------------------------------------
+struct AttentionShape {
+  int q_heads = 0;
+  int kv_heads = 0;
+  int head_dim = 0;    // 256 in the model; kernels may require it (CudaBackend checks)
+  int rotary_dim = 0;  // 64: NeoX rotate-half over the first rotary_dim dims
+  double rope_theta = 0;
+};
+// The position of the first token: *pos_device when pos_device != nullptr (then n == 1),
+// else pos_host.
+// In place: zero-centred RMSNorm (baked gains, f32 [head_dim]) of each query head of
+// qg [n, q_heads, 2, head_dim] (query then gate) and each head of k [n, kv_heads, head_dim],
+// then RoPE at positions pos + t.
+void attention_prepare(float* qg, float* k, const float* q_norm, const float* k_norm,
+                       const AttentionShape& a, int64_t pos_host, const int32_t* pos_device,
+                       int64_t n, float eps, cudaStream_t s);
+// Writes k, v [n, kv_heads, head_dim] into the caches [capacity, kv_heads, head_dim] at rows
+// pos.., then causal attention of each query over cache rows 0..pos+t, scaled by
+// 1/sqrt(head_dim), times sigmoid(gate).  out [n, q_heads * head_dim] f32.
+// With pos_device the kernels size their grids by `capacity` (the position is unknown when
+// a graph is captured) and never touch rows >= capacity.
+void attention(const float* qg, const float* k, const float* v, float* k_cache, float* v_cache,
+               int64_t capacity, const AttentionShape& a, int64_t pos_host,
+               const int32_t* pos_device, int64_t n, float* out, Workspace& ws, cudaStream_t s);
+
+// ---- gated_delta_net.cu, moe_route.cu --------------------------------------------------
+struct DeltaNetShape {
+  int key_heads = 0;    // 16
+  int value_heads = 0;  // 32; value head h reads key head h / (value_heads / key_heads)
+  int key_dim = 0;      // 128
+  int value_dim = 0;    // 128
+  int conv_kernel = 0;  // 4
+  int64_t channels() const { return 2LL * key_heads * key_dim + static_cast<int64_t>(value_heads) * value_dim; }
+};
+// Causal depthwise conv over time with the cached last K-1 inputs, then SiLU.
+// mixed, out [n, C]; window [K-1, C] (oldest first) updated; weight f32 [C, K] (tap K-1
+// multiplies the current token).
+void conv1d_silu(const float* mixed, float* window, const float* weight, const DeltaNetShape& d,
+                 int64_t n, float* out, cudaStream_t s);
+// Gated delta rule over n tokens in order (see Backend::gated_delta_rule).
+// conv [n, C] = q | k | v; a, b [n, value_heads]; a_log, dt_bias f32 [value_heads];
+// state [value_heads, key_dim, value_dim] f32 (updated); out [n, value_heads, value_dim]
+void gated_delta_rule(const float* conv, const float* a, const float* b, const float* a_log,
+                      const float* dt_bias, float* state, const DeltaNetShape& d, int64_t n,
+                      float* out, cudaStream_t s);
+// softmax over E logits, top-k (ties: lower id first), weights renormalised to sum 1.
+// logits [n, E]; ids [n, k] i32; weights [n, k]
+void moe_route(const float* logits, int64_t n, int64_t experts, int64_t k, int32_t* ids,
+               float* weights, cudaStream_t s);
+
+}  // namespace lily::cuda

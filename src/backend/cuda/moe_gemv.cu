@@ -1,0 +1,303 @@
+// Decode mixture of experts (n <= 8): gathered gate/up GEMV + SwiGLU, and down GEMV + weighted combine + shared expert.
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/quant_dot.cuh"
+
+namespace lily::cuda {
+
+using gemv_detail::Chunk;
+
+namespace {
+
+constexpr int kMoeThreads = 128;
+
+// Expert ids are read on the device (written by moe_route; a graph replay sees the current
+// step's routing). They are in range by construction; the clamp only keeps a corrupt id from
+// reading outside the stacked weights.
+__device__ __forceinline__ int64_t expert_at(const int32_t* ids, int64_t slot, int64_t experts) {
+  if (ids == nullptr) return 0;
+  const int64_t e = __ldg(ids + slot);
+  return e < 0 ? 0 : (e >= experts ? experts - 1 : e);
+}
+
+// ---- expert_swiglu_gemv -------------------------------------------------------------------
+// A segment of `lanes` lanes owns one "unit": kSwigluRows consecutive intermediate rows
+// i0.. of one slot (t, j). It computes the gate and the up rows together, so each activation
+// it loads serves 2 * kSwigluRows rows. Units of a warp may belong to different slots.
+constexpr int kSwigluRows = 4;
+constexpr int kSwigluUnroll = 1;  // 2 * kSwigluRows loads in flight per lane already
+
+// x [n, in] f32; ids [n * k] i32 or nullptr (expert 0); h [n * k, I] f32, I = gate.out.
+template <int BitsG, int BitsU>
+__global__ void __launch_bounds__(kMoeThreads)
+    swiglu_kernel(QuantMatrix gate, QuantMatrix up, const float* __restrict__ x,
+                  const int32_t* __restrict__ ids, int64_t slots, int64_t k,
+                  float* __restrict__ h, int lanes, bool x_vec) {
+  constexpr int R = kSwigluRows;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int li = lane & (lanes - 1);
+  const int segments = 32 / lanes;
+  const int64_t I = gate.out;
+  const int64_t tiles = (I + R - 1) / R;  // units per slot
+  const int64_t units = slots * tiles;
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * (kMoeThreads / 32) + threadIdx.x / 32;
+  if (warp * segments >= units) return;  // whole warp: the shuffles need every live lane
+  int64_t unit = warp * segments + lane / lanes;
+  const bool live = unit < units;
+  if (!live) unit = units - 1;  // recompute the last unit in step with the warp; never stored
+  const int64_t slot = unit / tiles;
+  const int64_t i0 = (unit % tiles) * R;
+  const int64_t e = expert_at(ids, slot, gate.experts);
+  const float* xs[1] = {x + (slot / k) * gate.in};
+
+  const int64_t words_g = gate.in * BitsG / 32;
+  const int64_t words_u = up.in * BitsU / 32;
+  const int64_t groups = gate.in / kGroupSize;
+  const int chunks_g = static_cast<int>(gate.in / Chunk<BitsG>::kValues);
+  const int chunks_u = static_cast<int>(up.in / Chunk<BitsU>::kValues);
+  float g[R];
+  float u[R];
+  if constexpr (BitsG == BitsU) {
+    // One pass over gate rows 0..R-1 and up rows R..2R-1 with shared activation loads.
+    const uint32_t* codes[2 * R];
+    const __nv_bfloat16* scales[2 * R];
+    const __nv_bfloat16* biases[2 * R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int64_t row = e * I + (i0 + i < I ? i0 + i : I - 1);
+      codes[i] = gate.codes + row * words_g;
+      scales[i] = gate.scales + row * groups;
+      biases[i] = gate.biases + row * groups;
+      codes[R + i] = up.codes + row * words_u;
+      scales[R + i] = up.scales + row * groups;
+      biases[R + i] = up.biases + row * groups;
+    }
+    float acc[2 * R][1] = {};
+    gemv_detail::rows_dot<BitsG, 2 * R, 1, kSwigluUnroll>(codes, scales, biases, xs, x_vec,
+                                                          chunks_g, li, lanes, acc);
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      g[i] = acc[i][0];
+      u[i] = acc[R + i][0];
+    }
+  } else {
+    // Different code widths: two passes (the second re-reads the activations from L1).
+    const uint32_t* gc[R];
+    const __nv_bfloat16* gs[R];
+    const __nv_bfloat16* gb[R];
+    const uint32_t* uc[R];
+    const __nv_bfloat16* us[R];
+    const __nv_bfloat16* ub[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      const int64_t row = e * I + (i0 + i < I ? i0 + i : I - 1);
+      gc[i] = gate.codes + row * words_g;
+      gs[i] = gate.scales + row * groups;
+      gb[i] = gate.biases + row * groups;
+      uc[i] = up.codes + row * words_u;
+      us[i] = up.scales + row * groups;
+      ub[i] = up.biases + row * groups;
+    }
+    float ga[R][1] = {};
+    float ua[R][1] = {};
+    gemv_detail::rows_dot<BitsG, R, 1, kSwigluUnroll>(gc, gs, gb, xs, x_vec, chunks_g, li, lanes, ga);
+    gemv_detail::rows_dot<BitsU, R, 1, kSwigluUnroll>(uc, us, ub, xs, x_vec, chunks_u, li, lanes, ua);
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      g[i] = ga[i][0];
+      u[i] = ua[i][0];
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const float gv = gemv_detail::segment_sum(g[i], lanes);
+    const float uv = gemv_detail::segment_sum(u[i], lanes);
+    if (live && li == 0 && i0 + i < I) h[slot * I + i0 + i] = siluf_(gv) * uv;
+  }
+}
+
+template <int BitsG, int BitsU>
+void launch_swiglu(const QuantMatrix& gate, const QuantMatrix& up, const float* x,
+                   const int32_t* ids, int64_t n, int64_t k, float* h, cudaStream_t s) {
+  const int64_t chunks = gate.in / Chunk<BitsG>::kValues > up.in / Chunk<BitsU>::kValues
+                             ? gate.in / Chunk<BitsG>::kValues
+                             : up.in / Chunk<BitsU>::kValues;
+  const int lanes = gemv_detail::lanes_for_chunks(chunks);
+  const int64_t units = n * k * ((gate.out + kSwigluRows - 1) / kSwigluRows);
+  const int64_t units_per_block = (kMoeThreads / 32) * (32 / lanes);
+  const int64_t blocks = (units + units_per_block - 1) / units_per_block;
+  swiglu_kernel<BitsG, BitsU><<<static_cast<unsigned>(blocks), kMoeThreads, 0, s>>>(
+      gate, up, x, ids, n * k, k, h, lanes, gemv_detail::aligned16(x));
+  LILY_CUDA_LAUNCH_CHECK();
+}
+
+// ---- expert_down_combine_gemv -------------------------------------------------------------
+// A warp owns kDownRows consecutive output rows r0.. of one token t (grid y). Its work is
+// k * Cd routed chunks (slot j, chunk c of expert row ids[t, j] * H + r) followed by Cs chunks
+// of the shared expert's rows; the 32 lanes stride over that flat list. Each lane loads
+// kDownUnroll items (kDownRows 16-byte loads each) before using any, so the k + 1 rows are
+// fetched concurrently rather than one expert after another. Each item's activations
+// (h[t, j] or shared_h[t]) serve the kDownRows rows. Per-lane partial sums are already
+// weighted, so one warp sum per row gives the output: no atomics, no second pass.
+constexpr int kDownRows = 2;
+constexpr int kDownUnroll = 4;
+
+// h [n * k, I]; ids, weights [n * k]; shared_h [n, S]; shared_logit [n]; out [n, H].
+template <int BitsD, int BitsS>
+__global__ void __launch_bounds__(kMoeThreads)
+    down_combine_kernel(QuantMatrix down, const float* __restrict__ h,
+                        const int32_t* __restrict__ ids, const float* __restrict__ weights,
+                        int64_t k, QuantMatrix shared_down, const float* __restrict__ shared_h,
+                        const float* __restrict__ shared_logit, float* __restrict__ out,
+                        bool x_vec) {
+  constexpr int R = kDownRows;
+  constexpr int U = kDownUnroll;
+  using CD = Chunk<BitsD>;
+  using CS = Chunk<BitsS>;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t t = blockIdx.y;
+  const int64_t H = down.out;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * (kMoeThreads / 32) + threadIdx.x / 32) * R;
+  if (r0 >= H) return;  // whole warp
+  int64_t r[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) r[i] = r0 + i < H ? r0 + i : H - 1;  // tail rows: never stored
+
+  const int64_t I = down.in;
+  const int64_t S = shared_down.in;
+  const int64_t words_d = I * BitsD / 32;
+  const int64_t groups_d = I / kGroupSize;
+  const int64_t words_s = S * BitsS / 32;
+  const int64_t groups_s = S / kGroupSize;
+  const int64_t cd = I / CD::kValues;  // chunks per routed row
+  const int64_t cs = S / CS::kValues;  // chunks per shared row
+  const int64_t routed = k * cd;
+  const int64_t items = routed + cs;
+  const float gate = sigmoidf_(shared_logit[t]);
+
+  float acc[R] = {};
+  for (int64_t base = lane; base < items; base += 32 * U) {
+    uint4 q[U][R];
+    float sc[U][R];
+    float bi[U][R];
+    const float* xp[U];
+    float weight[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t item = base + u * 32;
+      weight[u] = 0.0f;
+      xp[u] = nullptr;
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        q[u][i] = make_uint4(0, 0, 0, 0);
+        sc[u][i] = 0.0f;
+        bi[u][i] = 0.0f;
+      }
+      if (item < routed) {
+        const int64_t j = item / cd;
+        const int64_t c = item - j * cd;
+        const int64_t slot = t * k + j;
+        const int64_t e = expert_at(ids, slot, down.experts);
+        weight[u] = __ldg(weights + slot);
+        xp[u] = h + slot * I + c * CD::kValues;
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+          const int64_t row = e * H + r[i];
+          q[u][i] = gemv_detail::load_stream(down.codes + row * words_d + 4 * c);
+          sc[u][i] = gemv_detail::load_bf16(down.scales + row * groups_d + c / CD::kPerGroup);
+          bi[u][i] = gemv_detail::load_bf16(down.biases + row * groups_d + c / CD::kPerGroup);
+        }
+      } else if (item < items) {
+        const int64_t c = item - routed;
+        weight[u] = gate;
+        xp[u] = shared_h + t * S + c * CS::kValues;
+#pragma unroll
+        for (int i = 0; i < R; ++i) {
+          const int64_t row = r[i];
+          q[u][i] = gemv_detail::load_stream(shared_down.codes + row * words_s + 4 * c);
+          sc[u][i] = gemv_detail::load_bf16(shared_down.scales + row * groups_s + c / CS::kPerGroup);
+          bi[u][i] = gemv_detail::load_bf16(shared_down.biases + row * groups_s + c / CS::kPerGroup);
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t item = base + u * 32;
+      if (item >= items) continue;
+      float dot[R][1] = {};
+      const float* xs[1] = {xp[u]};
+      if (item < routed) {
+        gemv_detail::chunk_dot<BitsD, R, 1>(q[u], sc[u], bi[u], xs, x_vec, dot);
+      } else {
+        gemv_detail::chunk_dot<BitsS, R, 1>(q[u], sc[u], bi[u], xs, x_vec, dot);
+      }
+#pragma unroll
+      for (int i = 0; i < R; ++i) acc[i] = fmaf(weight[u], dot[i][0], acc[i]);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const float v = warp_sum(acc[i]);
+    if (lane == 0 && r0 + i < H) out[t * H + r0 + i] = v;
+  }
+}
+
+template <int BitsD, int BitsS>
+void launch_down(const QuantMatrix& down, const float* h, const int32_t* ids,
+                 const float* weights, int64_t n, int64_t k, const QuantMatrix& shared_down,
+                 const float* shared_h, const float* shared_logit, float* out, cudaStream_t s) {
+  const int64_t rows_per_block = (kMoeThreads / 32) * kDownRows;
+  const dim3 grid(static_cast<unsigned>((down.out + rows_per_block - 1) / rows_per_block),
+                  static_cast<unsigned>(n));
+  const bool x_vec = gemv_detail::aligned16(h) && gemv_detail::aligned16(shared_h);
+  down_combine_kernel<BitsD, BitsS><<<grid, kMoeThreads, 0, s>>>(
+      down, h, ids, weights, k, shared_down, shared_h, shared_logit, out, x_vec);
+  LILY_CUDA_LAUNCH_CHECK();
+}
+
+void check_bits(int bits, const char* op) {
+  if (bits != 4 && bits != 8) {
+    throw std::invalid_argument(std::string("cuda::") + op + ": bits must be 4 or 8");
+  }
+}
+
+}  // namespace
+
+void expert_swiglu_gemv(const QuantMatrix& gate, const QuantMatrix& up, const float* x,
+                        const int32_t* ids, int64_t n, int64_t k, float* h, cudaStream_t s) {
+  if (n <= 0 || k <= 0 || gate.out <= 0) return;
+  check_bits(gate.bits, "expert_swiglu_gemv");
+  check_bits(up.bits, "expert_swiglu_gemv");
+  if (gate.bits == 4 && up.bits == 4) return launch_swiglu<4, 4>(gate, up, x, ids, n, k, h, s);
+  if (gate.bits == 8 && up.bits == 8) return launch_swiglu<8, 8>(gate, up, x, ids, n, k, h, s);
+  if (gate.bits == 4) return launch_swiglu<4, 8>(gate, up, x, ids, n, k, h, s);
+  return launch_swiglu<8, 4>(gate, up, x, ids, n, k, h, s);
+}
+
+void expert_down_combine_gemv(const QuantMatrix& down, const float* h, const int32_t* ids,
+                              const float* weights, int64_t n, int64_t k,
+                              const QuantMatrix& shared_down, const float* shared_h,
+                              const float* shared_logit, float* out, cudaStream_t s) {
+  if (n <= 0 || down.out <= 0) return;
+  if (n > 65535) throw std::invalid_argument("cuda::expert_down_combine_gemv: n too large");
+  check_bits(down.bits, "expert_down_combine_gemv");
+  check_bits(shared_down.bits, "expert_down_combine_gemv");
+  const int bd = down.bits;
+  const int bs = shared_down.bits;
+  if (bd == 4 && bs == 4) {
+    return launch_down<4, 4>(down, h, ids, weights, n, k, shared_down, shared_h, shared_logit, out, s);
+  }
+  if (bd == 8 && bs == 8) {
+    return launch_down<8, 8>(down, h, ids, weights, n, k, shared_down, shared_h, shared_logit, out, s);
+  }
+  if (bd == 4) {
+    return launch_down<4, 8>(down, h, ids, weights, n, k, shared_down, shared_h, shared_logit, out, s);
+  }
+  return launch_down<8, 4>(down, h, ids, weights, n, k, shared_down, shared_h, shared_logit, out, s);
+}
+
+}  // namespace lily::cuda

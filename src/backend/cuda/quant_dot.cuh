@@ -1,0 +1,190 @@
+// Device helpers of the decode GEMV kernels (quant_gemv.cu, moe_gemv.cu): streaming weight
+// loads, exact MLX affine code extraction, and the per-chunk dot of a few rows with a few inputs.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_common.cuh"
+
+namespace lily::cuda::gemv_detail {
+
+// A "chunk" is what one lane reads with one 16-byte load: 4 code words, 32 Q4 or 16 Q8 values.
+// Rows are in * Bits / 8 bytes with in % 64 == 0, so every chunk of every row is 16-byte
+// aligned when the codes array is (QuantMatrix arrays are 256-byte aligned).
+template <int Bits>
+struct Chunk {
+  static constexpr int kValues = 128 / Bits;              // values per chunk: 32 (Q4), 16 (Q8)
+  static constexpr int kPerWord = 32 / Bits;              // values per u32 word: 8, 4
+  static constexpr int kPerGroup = kGroupSize / kValues;  // chunks per group of 64: 2, 4
+};
+
+// Lanes that share one row: the smallest power of two >= the row's chunk count, at most 32.
+// (A power of two so that the xor-shuffle reduction stays inside each lane segment.)
+inline int lanes_for_chunks(int64_t chunks) {
+  int lanes = 1;
+  while (lanes < chunks && lanes < 32) lanes *= 2;
+  return lanes;
+}
+
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Weights are read exactly once per step: load them through the read-only path without
+// allocating in L1, so that the activations (re-read by every warp) stay cached there.
+__device__ __forceinline__ uint4 load_stream(const uint32_t* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float load_bf16(const __nv_bfloat16* p) {
+  return __bfloat162float(__ldg(p));
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int w) {
+  return w == 0 ? v.x : w == 1 ? v.y : w == 2 ? v.z : v.w;  // w is a constant after unrolling
+}
+
+// N consecutive activations (f32) through the read-only cache; `vec` when p is 16-byte aligned.
+template <int N>
+__device__ __forceinline__ void load_x(const float* p, bool vec, float (&x)[N]) {
+  static_assert(N % 4 == 0, "whole float4s");
+  if (vec) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(p) + i);
+      x[4 * i + 0] = v.x;
+      x[4 * i + 1] = v.y;
+      x[4 * i + 2] = v.z;
+      x[4 * i + 3] = v.w;
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < N; ++i) x[i] = __ldg(p + i);
+  }
+}
+
+// The codes of one word as exact floats, without an int->float conversion (I2F issues at a
+// quarter rate and would make the loop issue bound). OR-ing an integer m < 2^23 into the
+// mantissa of 2^23 gives the float 2^23 + m exactly. The code is left in place (m = q * 16^j
+// for nibble j), so one LOP3 extracts it, and one FMA by the exact power of two 16^-j with
+// -2^23 * 16^-j recovers q exactly. Nibbles 4..7 are first shifted down 16 bits (one shift
+// per word) so that m stays below 2^23. Q8 is the same with bytes (256^-j, j = 0, 1).
+template <int Bits>
+__device__ __forceinline__ void decode_word(uint32_t word, float (&q)[32 / Bits]) {
+  constexpr uint32_t kMagic = 0x4B000000u;  // 2^23 as f32
+  constexpr float kTwo23 = 8388608.0f;
+  constexpr int kHalf = 16 / Bits;  // codes in each 16-bit half: 4 (Q4), 2 (Q8)
+  constexpr uint32_t kMask = (1u << Bits) - 1u;
+  const uint32_t hi = word >> 16;
+#pragma unroll
+  for (int j = 0; j < kHalf; ++j) {
+    const float inv = 1.0f / static_cast<float>(1u << (Bits * j));  // exact power of two
+    const uint32_t mask = kMask << (Bits * j);
+    q[j] = fmaf(__uint_as_float((word & mask) | kMagic), inv, -kTwo23 * inv);
+    q[j + kHalf] = fmaf(__uint_as_float((hi & mask) | kMagic), inv, -kTwo23 * inv);
+  }
+}
+
+// acc[i][t] += row_i(chunk) . x_t(chunk) for R rows and NT inputs of one chunk, using
+// s * sum(q x) + b * sum(x) per row (the chunk lies in one group): the inner loop is one
+// extraction per code and one FMA per (code, input). Each code word is decoded once and used
+// for all NT inputs; each activation is loaded once and used for all R rows.
+// q, s, b: the rows' codes, scales, biases; x[t] points at the chunk's first activation.
+template <int Bits, int R, int NT>
+__device__ __forceinline__ void chunk_dot(const uint4 (&q)[R], const float (&s)[R],
+                                          const float (&b)[R], const float* const (&x)[NT],
+                                          bool x_vec, float (&acc)[R][NT]) {
+  constexpr int kPerWord = Chunk<Bits>::kPerWord;
+  float d[R][NT];
+  float xsum[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    xsum[t] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < R; ++i) d[i][t] = 0.0f;
+  }
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    float xw[NT][kPerWord];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      load_x<kPerWord>(x[t] + w * kPerWord, x_vec, xw[t]);
+#pragma unroll
+      for (int j = 0; j < kPerWord; ++j) xsum[t] += xw[t][j];
+    }
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      float c[kPerWord];
+      decode_word<Bits>(word_of(q[i], w), c);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+#pragma unroll
+        for (int j = 0; j < kPerWord; ++j) d[i][t] = fmaf(c[j], xw[t][j], d[i][t]);
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[i][t] += fmaf(s[i], d[i][t], b[i] * xsum[t]);
+  }
+}
+
+// Sum over an aligned segment of `lanes` lanes (a power of two <= 32); every lane of the warp
+// must call it. Each lane gets its segment's sum.
+__device__ __forceinline__ float segment_sum(float v, int lanes) {
+  for (int offset = lanes / 2; offset > 0; offset >>= 1) {
+    v += __shfl_xor_sync(0xffffffffu, v, offset);
+  }
+  return v;
+}
+
+// Partial dots of R rows with NT inputs over the chunks c = first, first + stride, ... < chunks.
+// codes/scales/biases[i]: row i's first code word, scale and bias; x[t]: input t's first value.
+// U chunks are loaded before any is used, so each lane keeps U * R 16-byte loads in flight.
+template <int Bits, int R, int NT, int U>
+__device__ __forceinline__ void rows_dot(const uint32_t* const (&codes)[R],
+                                         const __nv_bfloat16* const (&scales)[R],
+                                         const __nv_bfloat16* const (&biases)[R],
+                                         const float* const (&x)[NT], bool x_vec, int chunks,
+                                         int first, int stride, float (&acc)[R][NT]) {
+  using C = Chunk<Bits>;
+  for (int c0 = first; c0 < chunks; c0 += U * stride) {
+    uint4 q[U][R];
+    float s[U][R];
+    float b[U][R];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + u * stride;
+#pragma unroll
+      for (int i = 0; i < R; ++i) {
+        if (c < chunks) {
+          q[u][i] = load_stream(codes[i] + 4 * c);
+          s[u][i] = load_bf16(scales[i] + c / C::kPerGroup);
+          b[u][i] = load_bf16(biases[i] + c / C::kPerGroup);
+        } else {
+          q[u][i] = make_uint4(0, 0, 0, 0);
+          s[u][i] = 0.0f;
+          b[u][i] = 0.0f;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + u * stride;
+      if (c < chunks) {
+        const float* xc[NT];
+#pragma unroll
+        for (int t = 0; t < NT; ++t) xc[t] = x[t] + c * C::kValues;
+        chunk_dot<Bits, R, NT>(q[u], s[u], b[u], xc, x_vec, acc);
+      }
+    }
+  }
+}
+
+}  // namespace lily::cuda::gemv_detail

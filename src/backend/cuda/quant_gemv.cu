@@ -1,0 +1,292 @@
+// Decode kernels over MLX affine Q4/Q8 weights: GEMV for n <= 8 tokens, embedding gather, argmax.
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/quant_dot.cuh"
+
+namespace lily::cuda {
+
+using gemv_detail::Chunk;
+
+namespace {
+
+// ---- gemv ---------------------------------------------------------------------------------
+// A segment of `lanes` lanes owns kGemvRows<NT> consecutive rows; its lanes stride over the rows'
+// 16-byte chunks (lanes = chunks per row rounded up to a power of two, at most 32, so short
+// rows such as in = 512 still keep every lane busy). Activations are not staged in shared
+// memory: they are read through L1 (x is at most 8 x 8192 f32 and every warp reads the same
+// values), and each loaded activation serves kGemvRows<NT> rows, which keeps L1 traffic below
+// the weight stream. No shared memory, so any `in` and n <= 8 need no tiling.
+constexpr int kGemvThreads = 128;
+// Rows per lane segment: each activation a lane loads serves that many rows, and each lane
+// keeps that many 16-byte weight loads in flight. Activation loads (4 bytes per value per
+// token through L1) otherwise cost more than the weight stream itself (0.5 byte per value):
+// measured on an H200, lm_head [248320, 2048] n=1 ran at 0.5 TB/s with 1 row, 0.95 with 2,
+// 1.6 with 4 and 2.1 TB/s with 8. With more tokens the accumulators and activations need the
+// registers (and the kernel is FMA bound): 4 rows from n = 3 on (n = 8: 176 GB/s with 4 rows,
+// 101 with 2).
+template <int NT>
+inline constexpr int kGemvRows = NT <= 2 ? 8 : 4;
+// Chunks per lane loaded before any is used (kGemvRows loads are already in flight).
+inline constexpr int kGemvUnroll = 1;
+// At most 128 registers for n <= 2 (4 blocks, 16 warps per SM: enough loads in flight);
+// the many-token variants may use more rather than spill.
+template <int NT>
+inline constexpr int kGemvMinBlocks = NT <= 2 ? 4 : 1;
+
+// y[t, r] = W[row_begin + r] . x[t] for r < rows, t < NT.
+// x [NT, in] f32; y [NT, rows] f32.
+template <int Bits, int NT>
+__global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
+    gemv_kernel(QuantMatrix w, int64_t row_begin, int64_t rows, const float* __restrict__ x,
+                float* __restrict__ y, int lanes, bool x_vec) {
+  constexpr int kRows = kGemvRows<NT>;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int segments = 32 / lanes;
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * (kGemvThreads / 32) + threadIdx.x / 32;
+  // The whole warp leaves together (the shuffles below need every lane of a live warp).
+  if (warp * segments * kRows >= rows) return;
+  const int64_t first = (warp * segments + lane / lanes) * kRows;  // first row (relative)
+  // (QuantMatrix's helpers are host-only, so the sizes are spelled out.)
+  const int64_t words = w.in * Bits / 32;
+  const int64_t groups = w.in / kGroupSize;
+
+  const uint32_t* codes[kRows];
+  const __nv_bfloat16* scales[kRows];
+  const __nv_bfloat16* biases[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    // Rows past the end re-read the last row (keeps the segment in step); never stored.
+    const int64_t row = row_begin + (first + i < rows ? first + i : rows - 1);
+    codes[i] = w.codes + row * words;
+    scales[i] = w.scales + row * groups;
+    biases[i] = w.biases + row * groups;
+  }
+  const float* xs[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) xs[t] = x + t * w.in;
+
+  float acc[kRows][NT] = {};
+  gemv_detail::rows_dot<Bits, kRows, NT, kGemvUnroll>(
+      codes, scales, biases, xs, x_vec, static_cast<int>(w.in / Chunk<Bits>::kValues),
+      lane & (lanes - 1), lanes, acc);
+
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float v = gemv_detail::segment_sum(acc[i][t], lanes);
+      if ((lane & (lanes - 1)) == 0 && first + i < rows) y[t * rows + first + i] = v;
+    }
+  }
+}
+
+template <int Bits, int NT>
+void launch_gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x,
+                 float* y, cudaStream_t s) {
+  const int lanes = gemv_detail::lanes_for_chunks(w.in / Chunk<Bits>::kValues);
+  const int64_t rows_per_block = (kGemvThreads / 32) * (32 / lanes) * kGemvRows<NT>;
+  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
+  gemv_kernel<Bits, NT><<<static_cast<unsigned>(blocks), kGemvThreads, 0, s>>>(
+      w, row_begin, rows, x, y, lanes, gemv_detail::aligned16(x));
+  LILY_CUDA_LAUNCH_CHECK();
+}
+
+template <int Bits>
+void gemv_bits(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
+               float* y, cudaStream_t s) {
+  switch (n) {
+    case 1: return launch_gemv<Bits, 1>(w, row_begin, rows, x, y, s);
+    case 2: return launch_gemv<Bits, 2>(w, row_begin, rows, x, y, s);
+    case 3: return launch_gemv<Bits, 3>(w, row_begin, rows, x, y, s);
+    case 4: return launch_gemv<Bits, 4>(w, row_begin, rows, x, y, s);
+    case 5: return launch_gemv<Bits, 5>(w, row_begin, rows, x, y, s);
+    case 6: return launch_gemv<Bits, 6>(w, row_begin, rows, x, y, s);
+    case 7: return launch_gemv<Bits, 7>(w, row_begin, rows, x, y, s);
+    case 8: return launch_gemv<Bits, 8>(w, row_begin, rows, x, y, s);
+    default:
+      throw std::invalid_argument("cuda::gemv: n = " + std::to_string(n) + " outside 1..8");
+  }
+}
+
+// ---- embed --------------------------------------------------------------------------------
+constexpr int kEmbedThreads = 256;
+
+// out[t, c] = scale * q + bias of table row ids[t] (row clamped into the table). One block per token, one thread per value
+// (coalesced stores; neighbouring threads re-read the same code word from L1).
+// ids [n] i32 (device); out [n, in] f32.
+__global__ void __launch_bounds__(kEmbedThreads)
+    embed_kernel(QuantMatrix table, const int32_t* __restrict__ ids, float* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  // Ids come from the host or from argmax on the device and are in range; the clamp only
+  // keeps a corrupt id from reading outside the table.
+  const int64_t table_rows = table.experts * table.out;
+  int64_t row = ids[t];
+  row = row < 0 ? 0 : (row >= table_rows ? table_rows - 1 : row);
+  const int per_word = 32 / table.bits;
+  const int64_t groups = table.in / kGroupSize;
+  const uint32_t* codes = table.codes + row * (table.in / per_word);
+  const __nv_bfloat16* scales = table.scales + row * groups;
+  const __nv_bfloat16* biases = table.biases + row * groups;
+  for (int64_t c = threadIdx.x; c < table.in; c += kEmbedThreads) {
+    const uint32_t word = codes[c / per_word];
+    const int j = static_cast<int>(c % per_word);
+    const float q = table.bits == 4 ? q4_at(word, j) : q8_at(word, j);
+    const int64_t g = c / kGroupSize;
+    // f32 multiply, then add, never contracted to an FMA: bit for bit the MLX reference
+    // dequantisation (checkpoint/mlx_quant.h) and the CPU backend.
+    out[t * table.in + c] =
+        __fadd_rn(__fmul_rn(__bfloat162float(scales[g]), q), __bfloat162float(biases[g]));
+  }
+}
+
+// ---- argmax -------------------------------------------------------------------------------
+// Stage 1: a grid of (n, blocks); each block reduces a contiguous span of one row to its best
+// (value, index). Stage 2: one block per row reduces the partials. Partials live in the
+// workspace: values f32 [n, blocks] then indices i32 [n, blocks].
+constexpr int kArgmaxThreads = 256;
+constexpr int kArgmaxPerThread = 8;  // values a thread loads before comparing (loads in flight)
+constexpr int64_t kArgmaxSpan = kArgmaxThreads * kArgmaxPerThread;  // values per block pass
+constexpr int64_t kArgmaxMaxBlocks = 1024;
+
+// Whether (av, ai) ranks before (bv, bi): larger value first, NaN after every number, and the
+// lower index first among equal values (and among NaNs). A total order, so any reduction tree
+// gives the same answer as the CPU's strict > scan (which never moves off a number to a NaN).
+__device__ __forceinline__ bool ranks_before(float av, int32_t ai, float bv, int32_t bi) {
+  const bool an = isnan(av);
+  const bool bn = isnan(bv);
+  if (an || bn) return an && bn ? ai < bi : bn;
+  return av > bv || (av == bv && ai < bi);
+}
+
+// Reduces (v, i) over the block; the result is valid in thread 0.
+__device__ __forceinline__ void block_best(float& v, int32_t& i) {
+  __shared__ float vals[kArgmaxThreads / 32];
+  __shared__ int32_t idxs[kArgmaxThreads / 32];
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, v, offset);
+    const int32_t oi = __shfl_xor_sync(0xffffffffu, i, offset);
+    if (ranks_before(ov, oi, v, i)) {
+      v = ov;
+      i = oi;
+    }
+  }
+  const int warp = threadIdx.x / 32;
+  if ((threadIdx.x & 31) == 0) {
+    vals[warp] = v;
+    idxs[warp] = i;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kArgmaxThreads / 32; ++w) {
+      if (ranks_before(vals[w], idxs[w], v, i)) {
+        v = vals[w];
+        i = idxs[w];
+      }
+    }
+  }
+}
+
+// logits [n, vocab] f32; part_v, part_i [n, gridDim.y]; `span` values per block.
+// Rows on grid x (up to 2^31 - 1), blocks of a row on grid y (at most kArgmaxMaxBlocks).
+__global__ void __launch_bounds__(kArgmaxThreads)
+    argmax_partial_kernel(const float* __restrict__ logits, int64_t vocab, int64_t span,
+                          float* __restrict__ part_v, int32_t* __restrict__ part_i) {
+  const int64_t t = blockIdx.x;
+  const float* row = logits + t * vocab;
+  const int64_t begin = static_cast<int64_t>(blockIdx.y) * span;
+  const int64_t end = begin + span < vocab ? begin + span : vocab;
+  // Sentinel: a NaN at an index past every real one loses to any real element.
+  float best_v = NAN;
+  int32_t best_i = INT32_MAX;
+  for (int64_t base = begin; base < end; base += kArgmaxSpan) {
+    float v[kArgmaxPerThread];
+#pragma unroll
+    for (int k = 0; k < kArgmaxPerThread; ++k) {
+      const int64_t idx = base + k * kArgmaxThreads + threadIdx.x;  // coalesced
+      v[k] = idx < end ? row[idx] : NAN;
+    }
+#pragma unroll
+    for (int k = 0; k < kArgmaxPerThread; ++k) {
+      const int64_t idx = base + k * kArgmaxThreads + threadIdx.x;
+      if (idx < end && ranks_before(v[k], static_cast<int32_t>(idx), best_v, best_i)) {
+        best_v = v[k];
+        best_i = static_cast<int32_t>(idx);
+      }
+    }
+  }
+  block_best(best_v, best_i);
+  if (threadIdx.x == 0) {
+    part_v[t * gridDim.y + blockIdx.y] = best_v;
+    part_i[t * gridDim.y + blockIdx.y] = best_i;
+  }
+}
+
+// part_v, part_i [n, parts]; out [n] i32. One block per row.
+__global__ void __launch_bounds__(kArgmaxThreads)
+    argmax_final_kernel(const float* __restrict__ part_v, const int32_t* __restrict__ part_i,
+                        int parts, int32_t* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  float best_v = NAN;
+  int32_t best_i = INT32_MAX;
+  for (int p = threadIdx.x; p < parts; p += kArgmaxThreads) {
+    const float v = part_v[t * parts + p];
+    const int32_t i = part_i[t * parts + p];
+    if (ranks_before(v, i, best_v, best_i)) {
+      best_v = v;
+      best_i = i;
+    }
+  }
+  block_best(best_v, best_i);
+  if (threadIdx.x == 0) out[t] = best_i;
+}
+
+}  // namespace
+
+void gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
+          float* y, cudaStream_t s) {
+  if (rows <= 0 || n <= 0) return;
+  if (w.bits == 4) {
+    gemv_bits<4>(w, row_begin, rows, x, n, y, s);
+  } else if (w.bits == 8) {
+    gemv_bits<8>(w, row_begin, rows, x, n, y, s);
+  } else {
+    throw std::invalid_argument("cuda::gemv: bits must be 4 or 8");
+  }
+}
+
+void embed(const QuantMatrix& table, const int32_t* ids, int64_t n, float* out, cudaStream_t s) {
+  if (n <= 0) return;
+  if (table.bits != 4 && table.bits != 8) {
+    throw std::invalid_argument("cuda::embed: bits must be 4 or 8");
+  }
+  embed_kernel<<<static_cast<unsigned>(n), kEmbedThreads, 0, s>>>(table, ids, out);
+  LILY_CUDA_LAUNCH_CHECK();
+}
+
+void argmax(const float* logits, int64_t n, int64_t vocab, int32_t* out, Workspace& ws,
+            cudaStream_t s) {
+  if (n <= 0 || vocab <= 0) return;
+  if (vocab > INT32_MAX) throw std::invalid_argument("cuda::argmax: vocab exceeds i32 indices");
+  // About one pass of kArgmaxSpan values per block (248,320 logits -> 122 blocks a row); very
+  // large rows take several passes per block rather than more blocks.
+  int64_t blocks = (vocab + kArgmaxSpan - 1) / kArgmaxSpan;
+  if (blocks > kArgmaxMaxBlocks) blocks = kArgmaxMaxBlocks;
+  int64_t span = (vocab + blocks - 1) / blocks;
+  blocks = (vocab + span - 1) / span;  // every block gets at least one value
+  const size_t count = static_cast<size_t>(n * blocks);
+  auto* part_v = static_cast<float*>(ws.get(kWsArgmax, count * (sizeof(float) + sizeof(int32_t))));
+  auto* part_i = reinterpret_cast<int32_t*>(part_v + count);
+  argmax_partial_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(blocks)),
+                          kArgmaxThreads, 0, s>>>(logits, vocab, span, part_v, part_i);
+  LILY_CUDA_LAUNCH_CHECK();
+  argmax_final_kernel<<<static_cast<unsigned>(n), kArgmaxThreads, 0, s>>>(
+      part_v, part_i, static_cast<int>(blocks), out);
+  LILY_CUDA_LAUNCH_CHECK();
+}
+
+}  // namespace lily::cuda

@@ -1,0 +1,84 @@
+// --device for run, serve and bench: picks the CPU or CUDA backend and the prefill chunk.
+#include "cli/backend_choice.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <exception>
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+#include "core/load_progress.h"
+
+namespace lily {
+
+namespace {
+constexpr int64_t kCpuChunk = 256;
+constexpr int64_t kCudaChunk = 4096;  // Lily's PREFILL_CHUNK
+constexpr uint64_t kCudaHeadroom = 2ull << 30;  // prefill scratch at 4096 tokens + driver slack
+}  // namespace
+
+uint64_t decode_state_bytes(const ModelShape& shape, uint64_t capacity) {
+  uint64_t floats = 0;
+  for (size_t i = 0; i < shape.num_layers; ++i) {
+    if (ModelShape::layer_kind(i) == LayerKind::full_attention) {
+      floats += 2 * capacity * shape.num_key_value_heads * shape.head_dim;
+    } else {
+      floats += (shape.linear_conv_kernel_dim - 1) * shape.gdn_conv_channels() +
+                shape.linear_num_value_heads * shape.linear_key_head_dim * shape.linear_value_head_dim;
+    }
+  }
+  return floats * sizeof(float);
+}
+
+LoadProgressFn upload_progress() {
+  auto bar = std::make_shared<LoadProgress>(stderr, ::isatty(STDERR_FILENO) != 0, "uploading weights");
+  return [bar](uint64_t done, uint64_t total) {
+    bar->update(done, total);
+    if (done == total) bar->finish();
+  };
+}
+
+BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uint64_t max_seq,
+                             int states) {
+  const std::string device = args.get("device").value_or("auto");
+  if (device != "auto" && device != "cpu" && device != "cuda") {
+    throw InputError("--device is \"" + device + "\", expected auto, cpu or cuda");
+  }
+  const uint64_t threads = args.uint_or("threads", 0, 0, 1024);
+  BackendChoice choice;
+  if (device == "cpu") {
+    choice.backend = make_cpu_backend(static_cast<int>(threads));
+    choice.chunk = kCpuChunk;
+    return choice;
+  }
+  const uint64_t required = checkpoint.stats.weight_bytes +
+                            static_cast<uint64_t>(states) * decode_state_bytes(checkpoint.config.shape, max_seq) +
+                            kCudaHeadroom;
+  if (device == "cuda") {
+    if (args.has("threads")) throw InputError("--threads applies to the CPU backend, not --device cuda");
+    choice.backend = make_cuda_backend(required);  // throws with the reason
+    choice.chunk = kCudaChunk;
+    std::fprintf(stderr, "lily: using CUDA on %s\n", choice.backend->device_name().c_str());
+    return choice;
+  }
+  std::string why;
+  if (cuda_available(&why)) {
+    try {
+      choice.backend = make_cuda_backend(required);
+      choice.chunk = kCudaChunk;
+      std::fprintf(stderr, "lily: --device auto: using CUDA on %s\n",
+                   choice.backend->device_name().c_str());
+      return choice;
+    } catch (const std::exception& e) {
+      why = e.what();
+    }
+  }
+  choice.backend = make_cpu_backend(static_cast<int>(threads));
+  choice.chunk = kCpuChunk;
+  std::fprintf(stderr, "lily: --device auto: using the CPU (%s)\n", why.c_str());
+  return choice;
+}
+
+}  // namespace lily

@@ -1,0 +1,31 @@
+// --device for run, serve and bench: picks the CPU or CUDA backend and the prefill chunk.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include "backend/backend.h"
+#include "checkpoint/checkpoint.h"
+#include "cli/args.h"
+
+namespace lily {
+
+struct BackendChoice {
+  std::unique_ptr<Backend> backend;
+  int64_t chunk = 256;  // prefill tokens per model pass: larger on a GPU (fewer, fuller launches)
+};
+
+// --device auto (default): CUDA when a usable device (compute capability >= 8.0, enough
+// free memory) is present, else the CPU, and says which on stderr. --device cuda: CUDA or a
+// clear error. --device cpu: the CPU with --threads. `states` is how many DecodeStates of
+// `max_seq` tokens the command will allocate (for the memory check).
+BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uint64_t max_seq,
+                             int states);
+
+// Bytes of device memory a DecodeState of `capacity` tokens takes (KV caches + GDN state).
+uint64_t decode_state_bytes(const ModelShape& shape, uint64_t capacity);
+
+// Prepare-time progress for a device upload: a bar on a terminal, plain lines otherwise.
+LoadProgressFn upload_progress();
+
+}  // namespace lily

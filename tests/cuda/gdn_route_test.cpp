@@ -1,0 +1,449 @@
+// CUDA backend vs the float64 reference and the CPU backend: conv1d_silu (with its carried
+// window), the gated delta rule (with its carried state) and moe_route; plus one decode step of
+// all three captured into a CUDA graph and replayed.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda_test_support.h"
+#include "ref/reference_ops.h"
+
+namespace lily::testing {
+namespace {
+
+// conv1d_silu and moe_route are a handful of f32 roundings per output (K products and a SiLU;
+// an exp and two divisions): observed ~1e-8..1e-7, bound 1e-5 as for the CPU backend.
+// The delta rule carries its state across tokens, so f32 roundings accumulate over the
+// sequence; with L2-normalised keys (|k| = 1) and beta <= 1 the update is a contraction and the
+// error stays at the level of one step, so the CPU test's bound 1e-5 applies too (CUDA differs
+// from the CPU only by FMA contraction and the summation order of the length-Dk dot products).
+constexpr double kTol = 1e-5;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+std::vector<double> widen(const std::vector<float>& v) { return ref::widen(v); }
+
+// The model's Gated DeltaNet: C = 2*16*128 + 32*128 = 8192 channels.
+GatedDeltaNetDims model_dims() { return {16, 32, 128, 128, 4}; }
+
+// Exact comparison of an f32 buffer with a reference that only copied f32 values.
+void expect_exact(const std::vector<float>& got, const std::vector<double>& want,
+                  const std::string& label) {
+  ASSERT_EQ(got.size(), want.size()) << label;
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_EQ(static_cast<double>(got[i]), want[i]) << label << " at " << i;
+  }
+}
+
+std::string dims_label(const GatedDeltaNetDims& d) {
+  return "Hk=" + std::to_string(d.key_heads) + " Hv=" + std::to_string(d.value_heads) +
+         " Dk=" + std::to_string(d.key_dim) + " Dv=" + std::to_string(d.value_dim);
+}
+
+// ---- conv1d_silu ------------------------------------------------------------------------------
+
+// One conv layer run three ways with the same weights and starting window: CUDA (window in
+// device memory), the CPU backend and the float64 reference (each with its own window).
+class ConvRunner {
+ public:
+  ConvRunner(Rng& rng, const GatedDeltaNetDims& d, Backend& gpu, Backend& host)
+      : d_(d), gpu_(gpu), host_(host),
+        weight_(DType::BF16, {static_cast<uint64_t>(d.channels()), static_cast<uint64_t>(d.conv_kernel), 1},
+                rng.uniform_vector(static_cast<size_t>(d.channels() * d.conv_kernel), -0.6f, 0.6f),
+                "conv1d"),
+        host_window_(rng.uniform_vector(static_cast<size_t>((d.conv_kernel - 1) * d.channels()), -2.0f, 2.0f)),
+        ref_window_(widen(host_window_)),
+        device_window_(to_device(gpu, host_window_)) {}
+
+  std::vector<float> step(const std::vector<float>& mixed, int64_t n, const std::string& label) {
+    float* d_mixed = to_device(gpu_, mixed);
+    float* d_out = gpu_.alloc(mixed.size());
+    gpu_.conv1d_silu(d_mixed, device_window_, weight_.view(), d_, n, d_out);
+    const std::vector<float> out = to_host(gpu_, d_out, mixed.size());
+    const std::vector<float> window = to_host(gpu_, device_window_, host_window_.size());
+
+    std::vector<float> cpu_out(mixed.size(), 1e30f);
+    host_.conv1d_silu(mixed.data(), host_window_.data(), weight_.view(), d_, n, cpu_out.data());
+    const std::vector<double> want = ref::conv1d_silu(widen(mixed), ref_window_, weight_.view(), d_, n);
+
+    const ErrorFigures f = report("cuda conv1d_silu", label, out, want);
+    EXPECT_LT(f.normalised, kTol) << label;
+    const ErrorFigures fc = report("cuda conv1d_silu", label + " vs cpu", out, widen(cpu_out));
+    EXPECT_LT(fc.normalised, kTol) << label;
+    // The window only copies inputs: exact.
+    expect_exact(window, ref_window_, label + " window");
+    EXPECT_EQ(window, host_window_) << label << " window vs cpu";
+    return out;
+  }
+
+ private:
+  GatedDeltaNetDims d_;
+  Backend& gpu_;
+  Backend& host_;
+  DenseTensor weight_;
+  std::vector<float> host_window_;
+  std::vector<double> ref_window_;
+  float* device_window_;
+};
+
+std::vector<float> random_mixed(Rng& rng, const GatedDeltaNetDims& d, int64_t n) {
+  return rng.uniform_vector(static_cast<size_t>(n * d.channels()), -2.0f, 2.0f);
+}
+
+TEST(CudaConv1dSilu, ModelDimsDecodeStepsThenPrefillChunks) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  auto host = cpu(2);
+  Rng rng(161);
+  const GatedDeltaNetDims d = model_dims();
+  ConvRunner r(rng, d, *be, *host);
+  // Decode: n = 1 repeatedly, the window carried from step to step.
+  for (int i = 0; i < 6; ++i) r.step(random_mixed(rng, d, 1), 1, "model decode step " + std::to_string(i));
+  // Then chunks, still carrying the window: n = 5, n = 300, n = 1.
+  for (int64_t n : {5, 300, 1}) r.step(random_mixed(rng, d, n), n, "model carried n=" + std::to_string(n));
+}
+
+TEST(CudaConv1dSilu, SmallDimsEveryChunkSizeFromAFreshWindow) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  auto host = cpu(2);
+  Rng rng(162);
+  // n < K-1, = K-1, = K, and sizes around power-of-two tile edges; K = 2 and 8 as well.
+  for (int64_t kernel : {4, 2, 8}) {
+    const GatedDeltaNetDims d{2, 4, 32, 32, kernel};
+    for (int64_t n : {1, 2, 3, 4, 7, 31, 32, 33, 64, 65, 130}) {
+      ConvRunner r(rng, d, *be, *host);
+      r.step(random_mixed(rng, d, n), n,
+             "K=" + std::to_string(kernel) + " fresh window n=" + std::to_string(n));
+    }
+  }
+}
+
+TEST(CudaConv1dSilu, SplitCallsEqualOneCall) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  auto host = cpu(2);
+  Rng rng(163);
+  const GatedDeltaNetDims d = model_dims();
+  const auto C = static_cast<long>(d.channels());
+  const std::vector<float> mixed = random_mixed(rng, d, 300);
+  Rng twin_a(17);
+  Rng twin_b(17);
+  ConvRunner whole(twin_a, d, *be, *host);
+  ConvRunner split(twin_b, d, *be, *host);  // same weights and window
+  const std::vector<float> one = whole.step(mixed, 300, "one call n=300");
+  std::vector<float> parts = split.step({mixed.begin(), mixed.begin() + 100 * C}, 100, "split 100 of 300");
+  const std::vector<float> rest = split.step({mixed.begin() + 100 * C, mixed.end()}, 200, "split 200 of 300");
+  parts.insert(parts.end(), rest.begin(), rest.end());
+  // Every output is the same K products of the same inputs either way: identical.
+  EXPECT_EQ(parts, one);
+}
+
+// ---- gated_delta_rule -------------------------------------------------------------------------
+
+struct DeltaInputs {
+  std::vector<float> conv, a, b;
+};
+
+DeltaInputs random_inputs(Rng& rng, const GatedDeltaNetDims& d, int64_t n) {
+  DeltaInputs in;
+  // The conv output is a SiLU: mostly positive, down to -0.28.
+  in.conv = rng.uniform_vector(static_cast<size_t>(n * d.channels()), -0.28f, 2.0f);
+  in.a = rng.uniform_vector(static_cast<size_t>(n * d.value_heads), -3.0f, 3.0f);
+  in.b = rng.uniform_vector(in.a.size(), -4.0f, 4.0f);
+  return in;
+}
+
+// One delta-rule layer run three ways from the same A_log, dt_bias and starting state.
+class DeltaRunner {
+ public:
+  DeltaRunner(Rng& rng, const GatedDeltaNetDims& d, Backend& gpu, Backend& host, bool random_state,
+              DType a_log_type = DType::F32, DType dt_bias_type = DType::BF16)
+      : d_(d), gpu_(gpu), host_(host),
+        a_log_(a_log_type, {static_cast<uint64_t>(d.value_heads)},
+               rng.uniform_vector(static_cast<size_t>(d.value_heads), 0.0f, 2.7f), "A_log"),
+        dt_bias_(dt_bias_type, {static_cast<uint64_t>(d.value_heads)},
+                 rng.uniform_vector(static_cast<size_t>(d.value_heads), -1.0f, 1.0f), "dt_bias"),
+        host_state_(static_cast<size_t>(d.value_heads * d.key_dim * d.value_dim), 0.0f) {
+    if (random_state) host_state_ = rng.uniform_vector(host_state_.size(), -0.5f, 0.5f);
+    ref_state_ = widen(host_state_);
+    device_state_ = to_device(gpu, host_state_);
+  }
+
+  std::vector<float> step(const DeltaInputs& in, int64_t n, const std::string& label) {
+    const auto out_count = static_cast<size_t>(n * d_.value_heads * d_.value_dim);
+    float* d_conv = to_device(gpu_, in.conv);
+    float* d_a = to_device(gpu_, in.a);
+    float* d_b = to_device(gpu_, in.b);
+    float* d_out = gpu_.alloc(out_count);
+    gpu_.gated_delta_rule(d_conv, d_a, d_b, a_log_.view(), dt_bias_.view(), device_state_, d_, n, d_out);
+    const std::vector<float> out = to_host(gpu_, d_out, out_count);
+    state_ = to_host(gpu_, device_state_, host_state_.size());
+
+    std::vector<float> cpu_out(out_count, 1e30f);
+    host_.gated_delta_rule(in.conv.data(), in.a.data(), in.b.data(), a_log_.view(), dt_bias_.view(),
+                           host_state_.data(), d_, n, cpu_out.data());
+    const std::vector<double> want = ref::gated_delta_rule(widen(in.conv), widen(in.a), widen(in.b),
+                                                           a_log_.view(), dt_bias_.view(), ref_state_, d_, n);
+
+    const ErrorFigures fo = report("cuda gated_delta_rule", label + " out", out, want);
+    const ErrorFigures fs = report("cuda gated_delta_rule", label + " state", state_, ref_state_);
+    const ErrorFigures co = report("cuda gated_delta_rule", label + " out vs cpu", out, widen(cpu_out));
+    const ErrorFigures cs = report("cuda gated_delta_rule", label + " state vs cpu", state_, widen(host_state_));
+    EXPECT_LT(fo.normalised, kTol) << label;
+    EXPECT_LT(fs.normalised, kTol) << label;
+    EXPECT_LT(co.normalised, kTol) << label;
+    EXPECT_LT(cs.normalised, kTol) << label;
+    return out;
+  }
+
+  const std::vector<float>& state() const { return state_; }  // CUDA's, after the last step
+
+ private:
+  GatedDeltaNetDims d_;
+  Backend& gpu_;
+  Backend& host_;
+  DenseTensor a_log_, dt_bias_;
+  std::vector<float> host_state_;
+  std::vector<double> ref_state_;
+  float* device_state_ = nullptr;
+  std::vector<float> state_;
+};
+
+TEST(CudaGatedDeltaRule, SmallDimsSingleTokensAndSequences) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  auto host = cpu(2);
+  Rng rng(171);
+  // Two value heads per key head; Dk != Dv in two of them so a transposed state index fails.
+  const GatedDeltaNetDims all[] = {{2, 4, 32, 32, 4}, {2, 4, 64, 64, 4}, {2, 4, 32, 64, 4}, {2, 4, 64, 32, 4}};
+  for (const GatedDeltaNetDims& d : all) {
+    const std::string dl = dims_label(d);
+    {
+      DeltaRunner r(rng, d, *be, *host, false);
+      r.step(random_inputs(rng, d, 1), 1, dl + " n=1 zero state");
+    }
+    {
+      DeltaRunner r(rng, d, *be, *host, true, DType::BF16, DType::F32);
+      r.step(random_inputs(rng, d, 1), 1, dl + " n=1 random state");
+    }
+    {
+      // Carried state: decode steps, a chunk that is not a multiple of anything, a long one.
+      DeltaRunner r(rng, d, *be, *host, true);
+      for (int64_t n : {1, 1, 12, 1, 5, 64, 9}) {
+        r.step(random_inputs(rng, d, n), n, dl + " carried n=" + std::to_string(n));
+      }
+    }
+  }
+}
+
+TEST(CudaGatedDeltaRule, ModelDimsDecodeAndPrefill) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  auto host = cpu(2);
+  Rng rng(172);
+  const GatedDeltaNetDims d = model_dims();
+  {
+    DeltaRunner r(rng, d, *be, *host, false);
+    r.step(random_inputs(rng, d, 1), 1, "model n=1 zero state");
+  }
+  DeltaRunner r(rng, d, *be, *host, true);
+  for (int64_t n : {1, 1, 1, 64, 1, 3}) {
+    r.step(random_inputs(rng, d, n), n, "model carried n=" + std::to_string(n));
+  }
+}
+
+TEST(CudaGatedDeltaRule, CarriedStateEqualsOneCallOverTheConcatenation) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  auto host = cpu(2);
+  Rng rng(173);
+  const GatedDeltaNetDims d = model_dims();
+  const DeltaInputs all = random_inputs(rng, d, 20);
+  Rng twin_a(19);
+  Rng twin_b(19);
+  DeltaRunner whole(twin_a, d, *be, *host, true);
+  DeltaRunner split(twin_b, d, *be, *host, true);  // same A_log, dt_bias and initial state
+  const std::vector<float> one = whole.step(all, 20, "one call n=20");
+  const auto C = static_cast<long>(d.channels());
+  const auto Hv = static_cast<long>(d.value_heads);
+  std::vector<float> joined;
+  for (auto [begin, count] : {std::pair<long, long>{0, 3}, {3, 1}, {4, 16}}) {
+    const DeltaInputs part{{all.conv.begin() + begin * C, all.conv.begin() + (begin + count) * C},
+                           {all.a.begin() + begin * Hv, all.a.begin() + (begin + count) * Hv},
+                           {all.b.begin() + begin * Hv, all.b.begin() + (begin + count) * Hv}};
+    const std::vector<float> out = split.step(part, count, "split at " + std::to_string(begin) + " n=" + std::to_string(count));
+    joined.insert(joined.end(), out.begin(), out.end());
+  }
+  // Each (head, column) runs the same per-token arithmetic however the tokens are split
+  // between launches (and whichever launch shape a token count picks): identical.
+  EXPECT_EQ(joined, one);
+  EXPECT_EQ(split.state(), whole.state());
+}
+
+TEST(CudaGatedDeltaRule, ExtremeDecayAndBeta) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  auto host = cpu(2);
+  Rng rng(174);
+  const GatedDeltaNetDims d{2, 4, 32, 64, 4};
+  auto with = [&](float a, float b) {
+    DeltaInputs in = random_inputs(rng, d, 3);
+    for (float& x : in.a) x = a;
+    for (float& x : in.b) x = b;
+    return in;
+  };
+  {
+    DeltaRunner r(rng, d, *be, *host, true);
+    r.step(with(1e4f, 0.5f), 3, "a=+1e4 (alpha=0, state wiped)");
+  }
+  {
+    DeltaRunner r(rng, d, *be, *host, true);
+    r.step(with(-1e4f, 0.5f), 3, "a=-1e4 (alpha=1, no decay)");
+  }
+  {
+    DeltaRunner r(rng, d, *be, *host, true);
+    r.step(with(0.3f, 1e4f), 3, "b=+1e4 (beta=1)");
+    r.step(with(0.3f, -1e4f), 3, "b=-1e4 (beta=0)");
+    r.step(with(30.0f, -30.0f), 3, "a=30 b=-30 (softplus linear branch)");
+  }
+  {
+    // Zero q and k vectors: the L2 norm's 1e-6 keeps them zero instead of NaN.
+    DeltaRunner r(rng, d, *be, *host, true);
+    DeltaInputs in = random_inputs(rng, d, 2);
+    const auto key_width = static_cast<size_t>(2 * d.key_heads * d.key_dim);
+    for (size_t i = 0; i < key_width; ++i) in.conv[i] = 0.0f;  // token 0: q and k all zero
+    r.step(in, 2, "zero q and k at token 0");
+  }
+}
+
+// ---- moe_route --------------------------------------------------------------------------------
+
+struct Routed {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
+Routed route_on_cuda(Backend& be, const std::vector<float>& logits, int64_t n, int64_t E, int64_t k) {
+  float* d_logits = to_device(be, logits);
+  int32_t* d_ids = be.alloc_i32(static_cast<size_t>(n * k));
+  float* d_weights = be.alloc(static_cast<size_t>(n * k));
+  be.moe_route(d_logits, n, E, k, d_ids, d_weights);
+  return {to_host(be, d_ids, static_cast<size_t>(n * k)), to_host(be, d_weights, static_cast<size_t>(n * k))};
+}
+
+// Ids exactly as the float64 reference and the CPU backend (the logits are not near ties),
+// weights within kTol.
+Routed expect_route(Backend& gpu, Backend& host, const std::vector<float>& logits, int64_t n,
+                    int64_t E, int64_t k, const std::string& label) {
+  const Routed got = route_on_cuda(gpu, logits, n, E, k);
+  const ref::Routing want = ref::moe_route(widen(logits), n, E, k);
+  EXPECT_EQ(got.ids, want.ids) << label;
+  const ErrorFigures f = report("cuda moe_route", label, got.weights, want.weights);
+  EXPECT_LT(f.normalised, kTol) << label;
+  std::vector<int32_t> cpu_ids(static_cast<size_t>(n * k), -1);
+  std::vector<float> cpu_weights(cpu_ids.size(), -1.0f);
+  host.moe_route(logits.data(), n, E, k, cpu_ids.data(), cpu_weights.data());
+  EXPECT_EQ(got.ids, cpu_ids) << label << " vs cpu";
+  const ErrorFigures fc = report("cuda moe_route", label + " vs cpu", got.weights, widen(cpu_weights));
+  EXPECT_LT(fc.normalised, kTol) << label;
+  return got;
+}
+
+TEST(CudaMoeRoute, RandomLogitsTopK) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  auto host = cpu(2);
+  Rng rng(181);
+  for (int64_t n : {1, 100}) {
+    const std::string ns = " n=" + std::to_string(n);
+    expect_route(*be, *host, rng.uniform_vector(static_cast<size_t>(n * 256), -4.0f, 4.0f), n, 256, 8, "E=256 k=8" + ns);
+    expect_route(*be, *host, rng.uniform_vector(static_cast<size_t>(n * 6), -4.0f, 4.0f), n, 6, 3, "E=6 k=3" + ns);
+  }
+  expect_route(*be, *host, rng.uniform_vector(3 * 10, -30.0f, 30.0f), 3, 10, 3, "E=10 k=3 wide logits");
+  expect_route(*be, *host, rng.uniform_vector(5 * 1024, -4.0f, 4.0f), 5, 1024, 16, "E=1024 k=16");
+  expect_route(*be, *host, rng.uniform_vector(4 * 33, -4.0f, 4.0f), 4, 33, 5, "E=33 k=5");
+  expect_route(*be, *host, rng.uniform_vector(2 * 12, -3.0f, 3.0f), 2, 12, 12, "k=E=12");
+}
+
+TEST(CudaMoeRoute, TiesPickLowestIdsAndInfinitiesHaveZeroWeight) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  auto host = cpu(2);
+  {
+    // All equal: ids 0..k-1 in every row, weights exactly 1/k (all sums of powers of two).
+    const Routed r = expect_route(*be, *host, std::vector<float>(2 * 256, 0.75f), 2, 256, 8, "all tied E=256 k=8");
+    EXPECT_EQ(r.ids, (std::vector<int32_t>{0, 1, 2, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 5, 6, 7}));
+    for (float w : r.weights) EXPECT_EQ(w, 0.125f);
+  }
+  {
+    const Routed r = expect_route(*be, *host, std::vector<float>(100 * 6, -1.5f), 100, 6, 3, "all tied E=6 k=3 n=100");
+    for (int64_t t = 0; t < 100; ++t) {
+      for (int32_t j = 0; j < 3; ++j) EXPECT_EQ(r.ids[static_cast<size_t>(t * 3 + j)], j);
+    }
+    for (float w : r.weights) EXPECT_FLOAT_EQ(w, 1.0f / 3.0f);
+  }
+  // Partial ties: 3.0 at ids 1, 2, 4; k = 2 takes 1 and 2; k = 4 then 3 (2.0).
+  expect_route(*be, *host, {1, 3, 3, 2, 3}, 1, 5, 2, "partial tie k=2");
+  expect_route(*be, *host, {1, 3, 3, 2, 3}, 1, 5, 4, "partial tie k=4");
+  // -inf experts have probability 0: chosen only when k exceeds the finite ones, lowest id first.
+  expect_route(*be, *host, {kNegInf, 1.0f, kNegInf, 2.0f, kNegInf, 0.5f}, 1, 6, 3, "-inf, k=finite count");
+  expect_route(*be, *host, {kNegInf, 1.0f, kNegInf, 2.0f, kNegInf, 0.5f}, 1, 6, 5, "-inf, k>finite count");
+  expect_route(*be, *host, {kNegInf, kNegInf, 5.0f, kNegInf}, 1, 4, 1, "single finite expert");
+}
+
+// ---- graph capture ----------------------------------------------------------------------------
+
+// One decode step (conv -> delta rule, and a routing) recorded into a CUDA graph and replayed
+// three times gives bit for bit what three eager steps give: nothing in the three ops depends
+// on host state at launch time.
+TEST(CudaGdnRoute, DecodeStepCapturedInAGraphReplaysLikeEagerSteps) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  if (!be->can_capture()) GTEST_SKIP() << "backend cannot capture";
+  Rng rng(191);
+  const GatedDeltaNetDims d = model_dims();
+  const auto C = static_cast<size_t>(d.channels());
+  const auto Hv = static_cast<size_t>(d.value_heads);
+  const size_t state_count = Hv * static_cast<size_t>(d.key_dim * d.value_dim);
+  const size_t out_count = Hv * static_cast<size_t>(d.value_dim);
+  const DenseTensor weight(DType::BF16, {C, static_cast<uint64_t>(d.conv_kernel), 1},
+                           rng.uniform_vector(C * static_cast<size_t>(d.conv_kernel), -0.6f, 0.6f), "conv1d");
+  const DenseTensor a_log(DType::F32, {Hv}, rng.uniform_vector(Hv, 0.0f, 2.7f), "A_log");
+  const DenseTensor dt_bias(DType::BF16, {Hv}, rng.uniform_vector(Hv, -1.0f, 1.0f), "dt_bias");
+  const std::vector<float> window0 = rng.uniform_vector(static_cast<size_t>(d.conv_kernel - 1) * C, -2.0f, 2.0f);
+  const std::vector<float> state0 = rng.uniform_vector(state_count, -0.5f, 0.5f);
+  float* mixed = to_device(*be, rng.uniform_vector(C, -2.0f, 2.0f));
+  float* a = to_device(*be, rng.uniform_vector(Hv, -3.0f, 3.0f));
+  float* b = to_device(*be, rng.uniform_vector(Hv, -4.0f, 4.0f));
+  float* logits = to_device(*be, rng.uniform_vector(256, -4.0f, 4.0f));
+
+  struct Buffers {
+    float* window;
+    float* state;
+    float* conv;
+    float* out;
+    int32_t* ids;
+    float* weights;
+  };
+  auto make = [&]() {
+    return Buffers{to_device(*be, window0), to_device(*be, state0), be->alloc(C), be->alloc(out_count),
+                   be->alloc_i32(8), be->alloc(8)};
+  };
+  auto issue = [&](const Buffers& x) {
+    be->conv1d_silu(mixed, x.window, weight.view(), d, 1, x.conv);
+    be->gated_delta_rule(x.conv, a, b, a_log.view(), dt_bias.view(), x.state, d, 1, x.out);
+    be->moe_route(logits, 1, 256, 8, x.ids, x.weights);
+  };
+  const Buffers eager = make();
+  const Buffers graph = make();
+  for (int i = 0; i < 3; ++i) issue(eager);  // also uploads the weights, outside the capture
+  be->begin_capture();
+  issue(graph);
+  const int g = be->end_capture();
+  for (int i = 0; i < 3; ++i) be->replay(g);
+  be->synchronize();
+  EXPECT_EQ(to_host(*be, graph.window, window0.size()), to_host(*be, eager.window, window0.size()));
+  EXPECT_EQ(to_host(*be, graph.state, state_count), to_host(*be, eager.state, state_count));
+  EXPECT_EQ(to_host(*be, graph.out, out_count), to_host(*be, eager.out, out_count));
+  EXPECT_EQ(to_host(*be, graph.ids, 8), to_host(*be, eager.ids, 8));
+  EXPECT_EQ(to_host(*be, graph.weights, 8), to_host(*be, eager.weights, 8));
+  // And the state did move: three steps from state0.
+  EXPECT_NE(to_host(*be, eager.state, state_count), state0);
+}
+
+}  // namespace
+}  // namespace lily::testing

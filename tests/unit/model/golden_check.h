@@ -1,0 +1,96 @@
+// Test helper: one transformers golden (tokens + top-16 logits per step) checked on a backend.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/generator.h"
+#include "model/qwen36_model.h"
+#include "tiny_model_fixture.h"
+
+namespace lily::testing {
+
+// The golden files of tests/goldens/model, sorted.
+inline std::vector<std::filesystem::path> golden_files() {
+  std::vector<std::filesystem::path> files;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(std::string(LILY_SOURCE_DIR) + "/tests/goldens/model")) {
+    if (entry.path().extension() == ".json") files.push_back(entry.path());
+  }
+  std::sort(files.begin(), files.end());
+  return files;
+}
+
+// A test name from a golden file name.
+inline std::string golden_test_name(const std::filesystem::path& path) {
+  std::string name = path.stem().string();
+  for (char& c : name) c = std::isalnum(static_cast<unsigned char>(c)) ? c : '_';
+  return name;
+}
+
+// Greedy tokens must agree wherever the golden's top-2 margin exceeds `margin_tolerance`
+// (after the first allowed flip the contexts differ, so the comparison stops there); each
+// golden top-16 logit clearly inside our top 16 must be within `logit_tolerance` relative
+// (of max(1, |logit|)). Tolerances per backend: docs/precision.md.
+inline void check_golden(const std::filesystem::path& file, Backend& backend, int64_t chunk,
+                         double logit_tolerance, double margin_tolerance) {
+  std::ifstream in(file);
+  const nlohmann::json golden = nlohmann::json::parse(in);
+  ASSERT_EQ(golden["versions"]["transformers"], "5.17.0");
+  const auto seed = golden["checkpoint"]["seed"].get<uint64_t>();
+  const auto prompt = golden["prompt_ids"].get<std::vector<int32_t>>();
+  const auto expected = golden["tokens"].get<std::vector<int32_t>>();
+  const auto margins = golden["top2_margins"].get<std::vector<double>>();
+
+  const Checkpoint& checkpoint = tiny_checkpoint(seed);
+  Qwen36Model model(checkpoint, backend, chunk);
+  DecodeState state(backend, checkpoint.config.shape,
+                    static_cast<int64_t>(prompt.size() + expected.size() + 1));
+  GenerationOptions options;
+  options.max_tokens = static_cast<int64_t>(expected.size());
+  options.top_logits = 16;  // no stop tokens: the golden decodes a fixed number of steps
+  const GenerationResult result = generate_greedy(model, state, prompt, options);
+  ASSERT_EQ(result.tokens.size(), expected.size());
+
+  size_t compared = 0;
+  double worst = 0;
+  for (size_t i = 0; i < expected.size(); ++i) {
+    std::map<int32_t, double> ours;
+    for (const auto& [id, logit] : result.steps[i]) ours[id] = logit;
+    const auto& steps = golden["steps"][i];
+    const double cutoff = steps[15][1].get<double>() + logit_tolerance * 10;
+    for (const auto& pair : steps) {
+      const auto id = pair[0].get<int32_t>();
+      const double logit = pair[1].get<double>();
+      auto it = ours.find(id);
+      if (it == ours.end()) {
+        EXPECT_LT(logit, cutoff) << "step " << i << ": golden id " << id << " missing";
+        continue;
+      }
+      worst = std::max(worst, std::abs(it->second - logit) / std::max(1.0, std::abs(logit)));
+      EXPECT_NEAR(it->second, logit, logit_tolerance * std::max(1.0, std::abs(logit)))
+          << "step " << i << ", id " << id;
+    }
+    ++compared;
+    if (result.tokens[i] != expected[i]) {
+      // Only a near tie may flip the greedy choice; after it the contexts differ.
+      EXPECT_LE(margins[i], margin_tolerance) << "step " << i << " token differs";
+      break;
+    }
+  }
+  EXPECT_GE(compared, 1u);
+  std::printf("%s on %s: %zu of %zu steps compared, worst relative logit error %.3g\n",
+              file.filename().c_str(), backend.name().c_str(), compared, expected.size(), worst);
+}
+
+}  // namespace lily::testing
