@@ -64,7 +64,7 @@ fi
 
 if has_stage sanitizer; then
   start=$(date +%s)
-  compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \
+  timeout 150 compute-sanitizer --tool memcheck --leak-check full --error-exitcode 3 \
     "$lily" run --model "$tiny" --prompt-ids 1,2,3,4,5,6,7,8,9,10,11,12 --max-tokens 8 --device cuda \
     >"$out/sanitizer-memcheck.log" 2>&1 && echo "memcheck: clean" || echo "memcheck: FAILED (rc $?)"
   tail -3 "$out/sanitizer-memcheck.log"
