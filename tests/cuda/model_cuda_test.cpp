@@ -16,12 +16,13 @@ namespace lily::testing {
 namespace {
 
 // Tolerances (docs/precision.md). Decode steps and prompts of <= 8 tokens run f32 GEMV
-// kernels, so they agree with the CPU to f32 rounding. Longer prompts go through BF16
-// tensor-core GEMMs (activations and dequantised weights rounded to BF16, f32 accumulation):
-// logits then move by up to ~1e-2 relative on the tiny model, and a greedy choice may flip
-// only where the golden's top-2 margin is below kCudaMarginTolerance.
-constexpr double kCudaLogitTolerance = 3e-2;
-constexpr double kCudaMarginTolerance = 3e-2;
+// kernels, so they agree with the CPU to f32 rounding. Longer prompts go through tensor-core
+// GEMMs on the exact integer codes with activations split into two BF16 terms (about 2^-16
+// relative per product) and f32 accumulation, scale and bias: close to f32, but the other
+// summation order and the split's residue are amplified through the layers. A greedy choice
+// may flip only where the golden's top-2 margin is below kCudaMarginTolerance.
+constexpr double kCudaLogitTolerance = 3e-3;
+constexpr double kCudaMarginTolerance = 3e-3;
 constexpr int64_t kCudaChunk = 4096;  // production prefill chunk (cli/backend_choice.cpp)
 
 class CudaGoldenTest : public ::testing::TestWithParam<std::filesystem::path> {};
@@ -137,7 +138,7 @@ TEST_F(FullCheckpoint, FirstStepLogitsAreCloseToTheCpu) {
     const ErrorFigures f = compare_f32(logits[0], logits[1]);
     std::printf("[cuda] full checkpoint, prompt %lld: first-step logits vs CPU normalised=%.3g max_abs=%.3g\n",
                 static_cast<long long>(length), f.normalised, f.max_abs);
-    EXPECT_LT(f.normalised, length <= 8 ? 1e-4 : 3e-2) << "prompt " << length;
+    EXPECT_LT(f.normalised, length <= 8 ? 1e-4 : 1e-2) << "prompt " << length;
   }
 }
 

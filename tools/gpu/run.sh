@@ -80,11 +80,13 @@ if has_stage bench-cuda; then
   python3 tools/bench/run_matrix.py --lily "$lily" --model "$ckpt" --out "$out/matrix-cuda" \
     --device cuda --contexts "${LILY_CONTEXTS:-256,1024,4096,16384,65536,131072}" \
     --arm-timeout 240 "${matrix_flags[@]}" 2>&1 | tee "$out/matrix-cuda.log" || true
-  nvidia-smi --query-gpu=memory.used,memory.total --format=csv >>"$out/matrix-cuda.log" || true
+  # The device tool brings back a handful of files: one archive per matrix.
+  tar -czf "$out/matrix-cuda.tgz" -C "$out" matrix-cuda && rm -rf "$out/matrix-cuda"
 fi
 if has_stage bench-cpu; then
   ensure_full
   python3 tools/bench/run_matrix.py --lily "$lily" --model "$ckpt" --out "$out/matrix-cpu" \
     --device cpu --contexts "${LILY_CPU_CONTEXTS:-256,512,1024}" --threads "${LILY_THREADS:-16}" \
     "${matrix_flags[@]}" 2>&1 | tee "$out/matrix-cpu.log" || true
+  tar -czf "$out/matrix-cpu.tgz" -C "$out" matrix-cpu && rm -rf "$out/matrix-cpu"
 fi
