@@ -37,7 +37,7 @@ float* unwritten(Backend& be, size_t count) {
 // ---- matmul (the GEMV path for n <= 8) ---------------------------------------------------
 
 void check_matmul(Backend& be, Backend& host, const QuantWeight& w, int64_t row_begin,
-                  int64_t rows, int64_t n, Rng& rng, const std::string& label) {
+                  int64_t rows, int64_t n, Rng& rng, const std::string& label, double tol = kTol) {
   const auto in = static_cast<int64_t>(w.view().in);
   const std::vector<float> x = rng.uniform_vector(static_cast<size_t>(n * in), -2.0f, 2.0f);
   float* y_dev = unwritten(be, static_cast<size_t>(n * rows));
@@ -45,12 +45,12 @@ void check_matmul(Backend& be, Backend& host, const QuantWeight& w, int64_t row_
   const std::vector<float> got = to_host(be, y_dev, static_cast<size_t>(n * rows));
 
   const ErrorFigures f = report("matmul", label, got, ref::matmul(w.view(), row_begin, rows, widen(x), n));
-  EXPECT_LT(f.normalised, kTol) << label;
+  EXPECT_LT(f.normalised, tol) << label;
 
   std::vector<float> cpu_y(static_cast<size_t>(n * rows), kUnwritten);
   host.matmul(w.view(), row_begin, rows, x.data(), n, cpu_y.data());
   const ErrorFigures c = report("matmul", label + " vs cpu", got, widen(cpu_y));
-  EXPECT_LT(c.normalised, kTol) << label << " vs cpu";
+  EXPECT_LT(c.normalised, tol) << label << " vs cpu";
 }
 
 TEST(CudaGemv, Q4AndQ8WidthsAndTokenCounts) {
@@ -140,9 +140,12 @@ TEST(CudaGemv, SeventeenTokensTakeTheOtherPath) {
   LILY_CUDA_BACKEND_OR_SKIP(be);
   auto host = cpu();
   Rng rng(306);
-  // n > kGemvMaxTokens goes to the GEMM; the op's contract is the same.
+  // n > kGemvMaxTokens goes to the GEMM; the op's contract is the same, at the GEMM's bound:
+  // exact codes, activations split into two BF16 terms (~2^-17 relative), f32 accumulation and
+  // f32 per-group scale and bias give ~1e-6..1e-5 normalised, so 1e-4 (gemm_test.cpp's kTol)
+  // rather than the GEMV's f32 1e-5.
   const QuantWeight w(rng, 4, 1, 64, 128, 0, "w");
-  check_matmul(*be, *host, w, 0, 64, 17, rng, "q4 [64, 128] n=17");
+  check_matmul(*be, *host, w, 0, 64, 17, rng, "q4 [64, 128] n=17", 1e-4);
 }
 
 // ---- embed ---------------------------------------------------------------------------------

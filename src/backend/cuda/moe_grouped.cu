@@ -4,10 +4,10 @@
 // No host readback: the grouped grid is sized from host-known bounds (at most
 // ceil(P / BM) + min(E, P) row tiles for P pairs) and blocks past the real tile count exit.
 //
-//   swiglu: A = BF16 copy of x, row of pair p = token p / k; each block computes 64 gate rows and
+//   swiglu: A = split copy of x (BF16 hi + lo + f32 group sums, quant_gemm.cuh), row of pair p = token p / k; each block computes 64 gate rows and
 //           the same 64 up rows of the pair's expert (interleaved 16/16 per warp so one thread
 //           holds g and u of the same output) and writes h[p, :] = silu(g) * u.
-//   down:   A = BF16 copy of h, row p; ed[p, :] = D_e h[p] (f32 workspace), the shared expert
+//   down:   A = split copy of h, row p; ed[p, :] = D_e h[p] (f32 workspace), the shared expert
 //           down projection through cuda::gemm, then a combine kernel
 //           out[t] = sum_j (ascending) w[t, j] ed[t k + j] + sigmoid(logit[t]) sd[t].
 // Pairs whose id is outside [0, E) are not placed: swiglu writes zeros into their h rows and
@@ -122,7 +122,7 @@ void sort_pairs(const int32_t* ids, int64_t pairs, int64_t experts, const SortBu
 
 // ---- grouped GEMM -----------------------------------------------------------------------------
 struct GroupedParams {
-  const __nv_bfloat16* a = nullptr;  // BF16 activation rows [*, K]
+  const __nv_bfloat16* a = nullptr;  // split activation rows [*, act_ld(K)] (split_act)
   int64_t K = 0;
   int64_t a_div = 1;  // A row of pair p: p / a_div (swiglu: k; down: 1)
   const int* offsets = nullptr;
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(const Grouped
 #pragma unroll
   for (int i = 0; i < BM / 32; ++i) {
     const int r = (tid >> 3) + 32 * i;
-    a_src[i] = r < count ? p.a + (p.sorted[start + r] / p.a_div) * p.K : nullptr;
+    a_src[i] = r < count ? p.a + (p.sorted[start + r] / p.a_div) * act_ld(p.K) : nullptr;
   }
 
   WeightRow wrow;
@@ -271,8 +271,8 @@ void expert_swiglu_grouped(const QuantMatrix& gate, const QuantMatrix& up, const
   const int64_t I = gate.out;
   const int64_t K = gate.in;
   const SortBuffers sort(ws.get(kWsMoe, SortBuffers::bytes(E, pairs)), E);
-  auto* xb = static_cast<__nv_bfloat16*>(ws.get(kWsMoe2, align256(static_cast<size_t>(n * K) * 2)));
-  to_bf16(x, n * K, xb, s);
+  auto* xb = static_cast<__nv_bfloat16*>(ws.get(kWsMoe2, align256(static_cast<size_t>(n * act_ld(K)) * 2)));
+  split_act(x, n, K, xb, s);
   sort_pairs(ids, pairs, E, sort, h, I, s);
 
   GroupedParams p;
@@ -299,7 +299,7 @@ void expert_down_combine_grouped(const QuantMatrix& down, const float* h, const 
   const int64_t H = down.out;
   const int64_t I = down.in;
   const SortBuffers sort(ws.get(kWsMoe, SortBuffers::bytes(E, pairs)), E);
-  const size_t hb_bytes = align256(static_cast<size_t>(pairs * I) * 2);
+  const size_t hb_bytes = align256(static_cast<size_t>(pairs * act_ld(I)) * 2);
   const size_t ed_bytes = align256(static_cast<size_t>(pairs * H) * sizeof(float));
   const size_t sd_bytes = align256(static_cast<size_t>(n * H) * sizeof(float));
   auto* base = static_cast<unsigned char*>(ws.get(kWsMoe2, hb_bytes + ed_bytes + sd_bytes));
@@ -307,7 +307,7 @@ void expert_down_combine_grouped(const QuantMatrix& down, const float* h, const 
   auto* ed = reinterpret_cast<float*>(base + hb_bytes);
   auto* sd = reinterpret_cast<float*>(base + hb_bytes + ed_bytes);
 
-  to_bf16(h, pairs * I, hb, s);
+  split_act(h, pairs, I, hb, s);
   sort_pairs(ids, pairs, E, sort, nullptr, 0, s);
   GroupedParams p;
   p.a = hb;

@@ -1,9 +1,10 @@
 // Prefill GEMM on tensor cores: y[t, r] = sum_c W[row_begin + r, c] x[t, c] for any n, with W
-// an MLX affine Q4/Q8 weight (group 64) dequantised tile by tile to BF16 in shared memory and
-// x rounded to BF16 once (a workspace copy); f32 accumulation. See quant_gemm.cuh for the tile
-// design. Accuracy: each product carries the BF16 rounding of the weight and of the
-// activation (relative 2^-9 each), so results differ from the exact value by ~1e-3 relative
-// (normalised), against ~1e-7 for the f32 GEMV; the f32 accumulation adds nothing visible.
+// an MLX affine Q4/Q8 weight (group 64) in the exact-code form: raw codes (exact BF16) in shared
+// memory, x split once into two BF16 terms hi + lo plus f32 group sums (a workspace copy),
+// f32 accumulation per group, then f32 scale and bias per group (see quant_gemm.cuh).
+// Accuracy: the codes and the products are exact, x is represented to ~2^-17 relative, and
+// everything else is f32 arithmetic, so results agree with the exact value to ~1e-6..1e-5
+// (normalised), against ~1e-3 for a plain BF16 dequantise-and-round GEMM.
 #include "backend/cuda/quant_gemm.cuh"
 
 #include <algorithm>
@@ -13,23 +14,39 @@ namespace gemm_detail {
 
 namespace {
 
-__global__ void to_bf16_vec_kernel(const float4* __restrict__ x, int64_t count4, uint2* __restrict__ out) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count4;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float4 v = x[i];
-    out[i] = make_uint2(pack_bf16(v.x, v.y), pack_bf16(v.z, v.w));
-  }
-}
-
-__global__ void to_bf16_scalar_kernel(const float* __restrict__ x, int64_t count, __nv_bfloat16* __restrict__ out) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = __float2bfloat16_rn(x[i]);
+// One warp per (row, group) item, grid-stride: lane l takes columns 2l, 2l+1 of the group.
+__global__ void split_act_kernel(const float* __restrict__ x, int64_t rows, int64_t K,
+                                 __nv_bfloat16* __restrict__ dst) {
+  const int64_t groups = K / 64;
+  const int64_t items = rows * groups;
+  const int64_t ld = act_ld(K);
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * (blockDim.x >> 5);
+  for (int64_t it = blockIdx.x * static_cast<int64_t>(blockDim.x >> 5) + (threadIdx.x >> 5); it < items;
+       it += warps) {
+    const int64_t r = it / groups;
+    const int64_t g = it - r * groups;
+    const int64_t col = g * 64 + 2 * lane;
+    const float v0 = x[r * K + col];
+    const float v1 = x[r * K + col + 1];
+    const __nv_bfloat162 hi = __floats2bfloat162_rn(v0, v1);
+    const __nv_bfloat162 lo = __floats2bfloat162_rn(v0 - __low2float(hi), v1 - __high2float(hi));
+    __nv_bfloat16* row = dst + r * ld;
+    *reinterpret_cast<__nv_bfloat162*>(row + col) = hi;
+    *reinterpret_cast<__nv_bfloat162*>(row + K + col) = lo;
+    // The group sum of the represented values hi + lo (each sum exact in f32: lo sits 8+ bits
+    // below hi), not of x: then sum_c q x' and b sum_c x' describe the same x' = hi + lo, and
+    // the split error enters as sum_c W[c] (x' - x)[c] with the effective weights W = s q + b,
+    // not amplified by the cancellation of s q against b (e.g. x > 0, b ~ -7.5 s).
+    float sum = (__low2float(hi) + __low2float(lo)) + (__high2float(hi) + __high2float(lo));
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, d);
+    if (lane == 0) reinterpret_cast<float*>(row + 2 * K)[g] = sum;
   }
 }
 
 struct DenseParams {
-  const __nv_bfloat16* x = nullptr;  // [n, in] BF16
+  const __nv_bfloat16* x = nullptr;  // [n, act_ld(in)] split activations (split_act)
   int64_t n = 0;
   int64_t in = 0;
   QuantMatrix w;
@@ -54,7 +71,7 @@ __global__ void __launch_bounds__(kThreads, 2) dense_gemm_kernel(const DensePara
 #pragma unroll
   for (int i = 0; i < BM / 32; ++i) {
     const int64_t t = m0 + (tid >> 3) + 32 * i;
-    a_src[i] = t < p.n ? p.x + t * p.in : nullptr;
+    a_src[i] = t < p.n ? p.x + t * act_ld(p.in) : nullptr;
   }
   WeightRow wrow;
   const int64_t r = n0 + (tid >> 1);
@@ -104,18 +121,11 @@ void launch_dense(const DenseParams& p, cudaStream_t s) {
 
 }  // namespace
 
-void to_bf16(const float* x, int64_t count, __nv_bfloat16* dst, cudaStream_t s) {
-  if (count <= 0) return;
-  const bool aligned = count % 4 == 0 && (reinterpret_cast<uintptr_t>(x) & 15) == 0 &&
-                       (reinterpret_cast<uintptr_t>(dst) & 7) == 0;
-  const int64_t items = aligned ? count / 4 : count;
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>((items + 255) / 256, 8192));
-  if (aligned) {
-    to_bf16_vec_kernel<<<blocks, 256, 0, s>>>(reinterpret_cast<const float4*>(x), items,
-                                              reinterpret_cast<uint2*>(dst));
-  } else {
-    to_bf16_scalar_kernel<<<blocks, 256, 0, s>>>(x, items, dst);
-  }
+void split_act(const float* x, int64_t rows, int64_t K, __nv_bfloat16* dst, cudaStream_t s) {
+  if (rows <= 0 || K <= 0) return;
+  const int64_t items = rows * (K / 64);
+  const auto blocks = static_cast<unsigned>(std::min<int64_t>((items + 7) / 8, 8192));  // 8 warps a block
+  split_act_kernel<<<blocks, 256, 0, s>>>(x, rows, K, dst);
   LILY_CUDA_LAUNCH_CHECK();
 }
 
@@ -125,8 +135,8 @@ void gemm(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x,
           Workspace& ws, cudaStream_t s) {
   using namespace gemm_detail;
   if (n <= 0 || rows <= 0) return;
-  auto* xb = static_cast<__nv_bfloat16*>(ws.get(kWsGemm, align256(static_cast<size_t>(n * w.in) * 2)));
-  to_bf16(x, n * w.in, xb, s);
+  auto* xb = static_cast<__nv_bfloat16*>(ws.get(kWsGemm, align256(static_cast<size_t>(n * act_ld(w.in)) * 2)));
+  split_act(x, n, w.in, xb, s);
 
   DenseParams p;
   p.x = xb;
@@ -139,13 +149,15 @@ void gemm(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x,
   // Neighbouring blocks share one operand tile: keep the larger operand streaming once and
   // re-read the smaller one (from L2) instead.
   const double weight_bytes = static_cast<double>(rows) * static_cast<double>(w.in) * w.bits / 8.0;
-  const double act_bytes = static_cast<double>(n) * static_cast<double>(w.in) * 2.0;
+  const double act_bytes = static_cast<double>(n) * static_cast<double>(act_ld(w.in)) * 2.0;
   p.tokens_fast = weight_bytes > act_bytes;
-  const bool big = n > 64;
+  // 64-token tiles only: with the per-group accumulators (acc and acc_g) a 128-token tile needs
+  // ~230 registers (spills at 2 blocks / SM, or runs 1 block / SM); 64 tokens fit in 128
+  // registers with no spills, 2 blocks / SM.
   if (w.bits == 4) {
-    big ? launch_dense<128, 4>(p, s) : launch_dense<64, 4>(p, s);
+    launch_dense<64, 4>(p, s);
   } else {
-    big ? launch_dense<128, 8>(p, s) : launch_dense<64, 8>(p, s);
+    launch_dense<64, 8>(p, s);
   }
 }
 
