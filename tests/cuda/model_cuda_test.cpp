@@ -23,13 +23,21 @@ namespace {
 // may flip only where the golden's top-2 margin is below kCudaMarginTolerance.
 constexpr double kCudaLogitTolerance = 3e-3;
 constexpr double kCudaMarginTolerance = 3e-3;
+// Router logits on the two backends differ by ~1e-5; a prompt token whose k-th and (k+1)-th
+// router logits are closer than kRouterTie may take the other expert. That happened on the
+// H200 for tiny-seed2-long (gap 1.1e-6 at token 3,080 of 3,082, layer 3: every greedy token
+// still matched, top-16 logits moved by up to 3.7e-2 relative, while the goldens without
+// such an effect agreed to 2.5e-5).
+constexpr double kRouterTie = 1e-4;
+constexpr double kRouterFlipLogitTolerance = 1e-1;
 constexpr int64_t kCudaChunk = 4096;  // production prefill chunk (cli/backend_choice.cpp)
 
 class CudaGoldenTest : public ::testing::TestWithParam<std::filesystem::path> {};
 
 TEST_P(CudaGoldenTest, GreedyTokensAndTopLogitsMatchTransformers) {
   LILY_CUDA_BACKEND_OR_SKIP(be);
-  check_golden(GetParam(), *be, kCudaChunk, kCudaLogitTolerance, kCudaMarginTolerance);
+  check_golden(GetParam(), *be, kCudaChunk,
+               {kCudaLogitTolerance, kCudaMarginTolerance, kRouterTie, kRouterFlipLogitTolerance});
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, CudaGoldenTest, ::testing::ValuesIn(golden_files()),

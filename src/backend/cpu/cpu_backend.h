@@ -9,7 +9,8 @@
 
 namespace lily {
 
-class CpuBackend final : public Backend {
+// Not final: tests derive probes from it (e.g. to observe routing margins).
+class CpuBackend : public Backend {
  public:
   explicit CpuBackend(int threads) : pool_(threads) {}
 
