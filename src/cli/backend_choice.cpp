@@ -58,7 +58,12 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
                             kCudaHeadroom;
   if (device == "cuda") {
     if (args.has("threads")) throw InputError("--threads applies to the CPU backend, not --device cuda");
-    choice.backend = make_cuda_backend(required);  // throws with the reason
+    try {
+      choice.backend = make_cuda_backend(required);
+    } catch (const std::runtime_error& e) {
+      // No device, an old GPU or too little memory: the user's choice cannot be served here.
+      throw InputError(std::string("--device cuda: ") + e.what());
+    }
     choice.chunk = kCudaChunk;
     std::fprintf(stderr, "lily: using CUDA on %s\n", choice.backend->device_name().c_str());
     return choice;

@@ -29,8 +29,10 @@ TEST(CliDevice, CudaWithoutAUsableDeviceSaysWhy) {
   if (cuda_available(&why)) GTEST_SKIP() << "this machine has a usable CUDA device";
   TinyCheckpoint ckpt;
   const RunResult r = run_lily("run --model " + quoted(ckpt.dir()) + " --prompt-ids 1,2 --device cuda");
-  EXPECT_NE(r.exit_code, 0);
-  EXPECT_NE(r.err.find(why), std::string::npos) << "stderr: " << r.err << "\nwhy: " << why;
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("error: --device cuda: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find(why), std::string::npos)
+      << "stderr: " << r.err << "\nwhy: " << why;
   EXPECT_EQ(r.out, "");
 }
 
