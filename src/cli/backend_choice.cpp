@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "core/load_progress.h"
+#include "model/decode_state.h"
 
 namespace lily {
 
@@ -18,19 +19,6 @@ constexpr int64_t kCpuChunk = 256;
 constexpr int64_t kCudaChunk = 4096;  // Lily's PREFILL_CHUNK
 constexpr uint64_t kCudaHeadroom = 2ull << 30;  // prefill scratch at 4096 tokens + driver slack
 }  // namespace
-
-uint64_t decode_state_bytes(const ModelShape& shape, uint64_t capacity) {
-  uint64_t floats = 0;
-  for (size_t i = 0; i < shape.num_layers; ++i) {
-    if (ModelShape::layer_kind(i) == LayerKind::full_attention) {
-      floats += 2 * capacity * shape.num_key_value_heads * shape.head_dim;
-    } else {
-      floats += (shape.linear_conv_kernel_dim - 1) * shape.gdn_conv_channels() +
-                shape.linear_num_value_heads * shape.linear_key_head_dim * shape.linear_value_head_dim;
-    }
-  }
-  return floats * sizeof(float);
-}
 
 LoadProgressFn upload_progress() {
   auto bar = std::make_shared<LoadProgress>(stderr, ::isatty(STDERR_FILENO) != 0, "uploading weights");
@@ -54,7 +42,7 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
     return choice;
   }
   const uint64_t required = checkpoint.stats.weight_bytes +
-                            static_cast<uint64_t>(states) * decode_state_bytes(checkpoint.config.shape, max_seq) +
+                            static_cast<uint64_t>(states) * DecodeState::bytes(checkpoint.config.shape, static_cast<int64_t>(max_seq)) +
                             kCudaHeadroom;
   if (device == "cuda") {
     if (args.has("threads")) throw InputError("--threads applies to the CPU backend, not --device cuda");

@@ -22,9 +22,6 @@ struct BackendChoice {
 BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uint64_t max_seq,
                              int states);
 
-// Bytes of device memory a DecodeState of `capacity` tokens takes (KV caches + GDN state).
-uint64_t decode_state_bytes(const ModelShape& shape, uint64_t capacity);
-
 // Prepare-time progress for a device upload: a bar on a terminal, plain lines otherwise.
 LoadProgressFn upload_progress();
 

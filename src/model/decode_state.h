@@ -36,6 +36,8 @@ struct DecodeState {
   int64_t device_position_value = -1;
 
   DecodeState(Backend& backend, const ModelShape& shape, int64_t capacity);
+  // Bytes of backend memory a state of `capacity` tokens takes (for memory checks).
+  static uint64_t bytes(const ModelShape& shape, int64_t capacity);
   // Back to an empty sequence (zeroes the recurrent parts; KV rows are overwritten anyway).
   void reset(Backend& backend);
 };

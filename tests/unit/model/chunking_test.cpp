@@ -119,3 +119,24 @@ TEST(Generation, FedTokenAccountingFollowsLily) {
 
 }  // namespace
 }  // namespace lily
+
+namespace lily {
+namespace {
+
+// The memory check of --device cuda (cli/backend_choice.cpp) sizes states with
+// DecodeState::bytes: it must count exactly what the constructor allocates.
+TEST(DecodeStateBytes, CountsEveryBufferTheConstructorAllocates) {
+  const Checkpoint& checkpoint = testing::tiny_checkpoint(1);
+  std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  for (int64_t capacity : {1, 37, 4096}) {
+    DecodeState state(*backend, checkpoint.config.shape, capacity);
+    uint64_t floats = 0;
+    for (size_t size : state.sizes) floats += size;
+    EXPECT_EQ(DecodeState::bytes(checkpoint.config.shape, capacity),
+              floats * sizeof(float) + sizeof(int32_t))
+        << "capacity " << capacity;
+  }
+}
+
+}  // namespace
+}  // namespace lily
