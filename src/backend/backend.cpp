@@ -1,9 +1,24 @@
-// Defaults of the backend interface for backends that cannot capture op graphs.
+// Defaults of the backend interface: capture (unsupported) and the fused ops run unfused.
 #include "backend/backend.h"
 
 #include <stdexcept>
 
 namespace lily {
+
+void Backend::matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t n) {
+  for (const MatmulTarget& t : targets) {
+    if (t.w == nullptr) throw std::invalid_argument(name() + " matmul_group: null weight");
+    matmul(*t.w, t.row_begin, t.rows, x, n, t.y);
+  }
+}
+
+void Backend::expert_swiglu_with_shared(const QuantView& gate, const QuantView& up,
+                                        const int32_t* ids, int64_t k, float* h,
+                                        const QuantView& shared_gate, const QuantView& shared_up,
+                                        float* shared_h, const float* x, int64_t n) {
+  expert_swiglu(gate, up, x, ids, n, k, h);
+  expert_swiglu(shared_gate, shared_up, x, nullptr, n, 1, shared_h);
+}
 
 void Backend::begin_capture() {
   throw std::logic_error(name() + " backend: graph capture is not supported");

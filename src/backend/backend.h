@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "checkpoint/weights.h"
@@ -39,6 +40,14 @@ struct SeqPos {
       : host(host_position), device(device_position) {}
   int64_t host = 0;
   const int32_t* device = nullptr;
+};
+
+// One output of Backend::matmul_group: y [n, rows] = rows row_begin.. of *w times x.
+struct MatmulTarget {
+  const QuantView* w = nullptr;
+  int64_t row_begin = 0;
+  int64_t rows = 0;
+  float* y = nullptr;
 };
 
 // Called while weights are prepared (uploaded): bytes done so far and the total.
@@ -107,6 +116,11 @@ class Backend {
   virtual void matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x,
                       int64_t n, float* y) = 0;
 
+  // matmul of one input x [n, in] by several weights: the model's fused projection groups
+  // (GDN qkv|z|a|b, attention q|k|v, router|shared-expert gate). Same contract as matmul for
+  // each target. A device backend issues a group as one launch where it can (lily-reference
+  // §9.9); the default runs the targets one after another.
+  virtual void matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t n);
   // out = x / sqrt(mean(x^2) + eps) * gain             x, out [n, dim]; gain BF16 [dim], baked
   virtual void rms_norm(const float* x, const DenseView& gain, int64_t n, int64_t dim, float eps,
                         float* out) = 0;
@@ -157,6 +171,14 @@ class Backend {
   virtual void expert_swiglu(const QuantView& gate, const QuantView& up, const float* x,
                              const int32_t* ids, int64_t n, int64_t k, float* h) = 0;
 
+  // expert_swiglu of the routed experts (gate, up, ids, k -> h) and of the shared expert
+  // (shared_gate, shared_up, k = 1 -> shared_h [n, S]) on the same x [n, in]. A device
+  // backend computes both in one launch where it can; the default runs the two in turn.
+  virtual void expert_swiglu_with_shared(const QuantView& gate, const QuantView& up,
+                                         const int32_t* ids, int64_t k, float* h,
+                                         const QuantView& shared_gate,
+                                         const QuantView& shared_up, float* shared_h,
+                                         const float* x, int64_t n);
   // out[t] = sum_j weights[t, j] D_{ids[t,j]} h[t, j] + sigmoid(shared_logit[t]) D_s shared_h[t]
   // h [n, k, I]; shared_h [n, S]; shared_logit [n]; out [n, H]
   virtual void expert_down_combine(const QuantView& down, const float* h, const int32_t* ids,

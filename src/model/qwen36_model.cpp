@@ -155,10 +155,11 @@ void Qwen36Model::delta_net_mixer(const LayerWeights& layer, DecodeState::DeltaN
   const int64_t C = gdn_dims_.channels();
   const int64_t Hv = gdn_dims_.value_heads;
   const int64_t Dv = gdn_dims_.value_dim;
-  be.matmul(w.in_proj_qkv, 0, C, normed_, n, mixed_);
-  be.matmul(w.in_proj_z, 0, Hv * Dv, normed_, n, z_);
-  be.matmul(w.in_proj_a, 0, Hv, normed_, n, a_);
-  be.matmul(w.in_proj_b, 0, Hv, normed_, n, b_);
+  const MatmulTarget projections[] = {{&w.in_proj_qkv, 0, C, mixed_},
+                                      {&w.in_proj_z, 0, Hv * Dv, z_},
+                                      {&w.in_proj_a, 0, Hv, a_},
+                                      {&w.in_proj_b, 0, Hv, b_}};
+  be.matmul_group(projections, normed_, n);
   be.conv1d_silu(mixed_, s.conv_window, w.conv1d, gdn_dims_, n, conv_out_);
   be.gated_delta_rule(conv_out_, a_, b_, w.a_log, w.dt_bias, s.recurrent, gdn_dims_, n, gdn_out_);
   be.gated_rms_norm(gdn_out_, z_, w.norm, n * Hv, Dv, eps_, gdn_normed_);
@@ -170,9 +171,11 @@ void Qwen36Model::attention_mixer(const LayerWeights& layer, DecodeState::Attent
   Backend& be = backend_;
   const AttentionWeights& w = layer.attn;
   const int64_t kv_rows = attn_dims_.kv_heads * attn_dims_.head_dim;
-  be.matmul(w.q_proj, 0, static_cast<int64_t>(shape_.attn_q_rows()), normed_, n, qg_);
-  be.matmul(w.k_proj, 0, kv_rows, normed_, n, k_);
-  be.matmul(w.v_proj, 0, kv_rows, normed_, n, v_);
+  const MatmulTarget projections[] = {
+      {&w.q_proj, 0, static_cast<int64_t>(shape_.attn_q_rows()), qg_},
+      {&w.k_proj, 0, kv_rows, k_},
+      {&w.v_proj, 0, kv_rows, v_}};
+  be.matmul_group(projections, normed_, n);
   be.attention_prepare(qg_, k_, w.q_norm, w.k_norm, attn_dims_, start_pos, n, eps_);
   be.attention(qg_, k_, v_, cache.keys, cache.values, capacity, attn_dims_, start_pos, n,
                attn_out_);
@@ -184,11 +187,12 @@ void Qwen36Model::moe(const LayerWeights& layer, int64_t n) {
   const MoeWeights& w = layer.moe;
   const auto E = static_cast<int64_t>(shape_.num_experts);
   const auto k = static_cast<int64_t>(shape_.num_experts_per_tok);
-  be.matmul(w.router, 0, E, normed_, n, router_logits_);
+  const MatmulTarget gates[] = {{&w.router, 0, E, router_logits_},
+                                {&w.shared_expert_gate, 0, 1, shared_logit_}};
+  be.matmul_group(gates, normed_, n);
   be.moe_route(router_logits_, n, E, k, expert_ids_, expert_weights_);
-  be.expert_swiglu(w.experts_gate, w.experts_up, normed_, expert_ids_, n, k, expert_h_);
-  be.expert_swiglu(w.shared_gate, w.shared_up, normed_, nullptr, n, 1, shared_h_);
-  be.matmul(w.shared_expert_gate, 0, 1, normed_, n, shared_logit_);
+  be.expert_swiglu_with_shared(w.experts_gate, w.experts_up, expert_ids_, k, expert_h_,
+                               w.shared_gate, w.shared_up, shared_h_, normed_, n);
   be.expert_down_combine(w.experts_down, expert_h_, expert_ids_, expert_weights_, n, k,
                          w.shared_down, shared_h_, shared_logit_, delta_);
 }

@@ -148,6 +148,65 @@ TEST(CudaGemv, SeventeenTokensTakeTheOtherPath) {
   check_matmul(*be, *host, w, 0, 64, 17, rng, "q4 [64, 128] n=17", 1e-4);
 }
 
+// ---- matmul_group (one launch for a fused projection group) ------------------------------
+
+// Runs `targets` (weight, row_begin, rows) as one matmul_group on `be` and checks each output
+// against the float64 reference and the CPU backend's matmul of that target alone.
+void check_group(Backend& be, Backend& host, const std::vector<const QuantWeight*>& weights,
+                 const std::vector<int64_t>& row_begins, const std::vector<int64_t>& rows,
+                 int64_t n, Rng& rng, const std::string& label, double tol = kTol) {
+  const auto in = static_cast<int64_t>(weights[0]->view().in);
+  const std::vector<float> x = rng.uniform_vector(static_cast<size_t>(n * in), -2.0f, 2.0f);
+  std::vector<MatmulTarget> targets;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    targets.push_back({&weights[i]->view(), row_begins[i], rows[i],
+                       unwritten(be, static_cast<size_t>(n * rows[i]))});
+  }
+  be.matmul_group(targets, to_device(be, x), n);
+  for (size_t i = 0; i < weights.size(); ++i) {
+    const std::string name = label + " target " + std::to_string(i);
+    const std::vector<float> got = to_host(be, targets[i].y, static_cast<size_t>(n * rows[i]));
+    const ErrorFigures f = report("matmul_group", name, got,
+                                  ref::matmul(weights[i]->view(), row_begins[i], rows[i], widen(x), n));
+    EXPECT_LT(f.normalised, tol) << name;
+    std::vector<float> cpu_y(static_cast<size_t>(n * rows[i]), kUnwritten);
+    host.matmul(weights[i]->view(), row_begins[i], rows[i], x.data(), n, cpu_y.data());
+    const ErrorFigures c = report("matmul_group", name + " vs cpu", got, widen(cpu_y));
+    EXPECT_LT(c.normalised, tol) << name << " vs cpu";
+  }
+}
+
+TEST(CudaGemv, MatmulGroupOneLaunchPerGroup) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  auto host = cpu();
+  Rng rng(307);
+  for (int bits : {4, 8}) {
+    // Shaped like qkv | z | a | b: a large, a middle and two tiny targets (block counts that
+    // differ per target), one of them a row range of a larger weight.
+    const QuantWeight qkv(rng, bits, 1, 300, 256, 0, "qkv");
+    const QuantWeight z(rng, bits, 1, 96, 256, 0, "z");
+    const QuantWeight a(rng, bits, 1, 40, 256, 0, "a");
+    const QuantWeight b(rng, bits, 1, 1, 256, 0, "b");
+    for (int64_t n : {1, 3, 8}) {
+      check_group(*be, *host, {&qkv, &z, &a, &b}, {0, 0, 8, 0}, {300, 96, 4, 1}, n, rng,
+                  bits_label(bits) + " 4 targets n=" + std::to_string(n));
+    }
+    // Short rows (in = 64: lane segments of 2 or 4 lanes, several targets per warp's block).
+    const QuantWeight s1(rng, bits, 1, 33, 64, 0, "s1");
+    const QuantWeight s2(rng, bits, 1, 5, 64, 0, "s2");
+    check_group(*be, *host, {&s1, &s2}, {0, 0}, {33, 5}, 2, rng, bits_label(bits) + " in=64 n=2");
+  }
+  // Router | shared-expert gate as in the model: Q8, [256, 2048] and [1, 2048].
+  const QuantWeight router(rng, 8, 1, 256, 2048, 0, "router");
+  const QuantWeight gate(rng, 8, 1, 1, 2048, 0, "shared_expert_gate");
+  check_group(*be, *host, {&router, &gate}, {0, 0}, {256, 1}, 1, rng, "q8 router|gate n=1");
+  // Mixed bit widths and more than 8 tokens are served target by target: same results.
+  const QuantWeight w4(rng, 4, 1, 20, 128, 0, "w4");
+  const QuantWeight w8(rng, 8, 1, 12, 128, 0, "w8");
+  check_group(*be, *host, {&w4, &w8}, {0, 0}, {20, 12}, 2, rng, "q4|q8 n=2");
+  check_group(*be, *host, {&w4, &w8}, {0, 0}, {20, 12}, 17, rng, "q4|q8 n=17", 1e-4);
+}
+
 // ---- embed ---------------------------------------------------------------------------------
 
 TEST(CudaEmbed, Q4AndQ8MatchReferenceAndMlxDequantBitwise) {
@@ -352,6 +411,67 @@ TEST(CudaExpertSwiglu, ModelShape) {
   const QuantWeight up(rng, 4, 16, 512, 2048, 0, "experts_up");
   check_swiglu(*be, *host, gate, up, rng, random_ids(rng, 1, 8, 16), false, 1, 8, "q4 [16x512, 2048] n=1 k=8");
   check_swiglu(*be, *host, gate, up, rng, random_ids(rng, 3, 8, 16), false, 3, 8, "q4 [16x512, 2048] n=3 k=8");
+}
+
+// The routed experts and the shared expert in one expert_swiglu_with_shared.
+void check_swiglu_with_shared(Backend& be, Backend& host, const QuantWeight& gate,
+                              const QuantWeight& up, const QuantWeight& sgate,
+                              const QuantWeight& sup, Rng& rng, int64_t n, int64_t k,
+                              const std::string& label, double tol = kTol) {
+  const uint64_t in = gate.view().in;
+  const auto I = static_cast<int64_t>(gate.view().out);
+  const auto S = static_cast<int64_t>(sgate.view().out);
+  const std::vector<int32_t> ids = random_ids(rng, n, k, gate.view().experts);
+  const std::vector<float> x = rng.uniform_vector(static_cast<size_t>(n) * in, -2.0f, 2.0f);
+  float* h_dev = unwritten(be, static_cast<size_t>(n * k * I));
+  float* sh_dev = unwritten(be, static_cast<size_t>(n * S));
+  be.expert_swiglu_with_shared(gate.view(), up.view(), to_device(be, ids), k, h_dev, sgate.view(),
+                               sup.view(), sh_dev, to_device(be, x), n);
+  const std::vector<float> h = to_host(be, h_dev, static_cast<size_t>(n * k * I));
+  const std::vector<float> sh = to_host(be, sh_dev, static_cast<size_t>(n * S));
+  const ErrorFigures f = report("expert_swiglu_with_shared", label + " routed", h,
+                                ref::expert_swiglu(gate.view(), up.view(), widen(x), ids, n, k));
+  EXPECT_LT(f.normalised, tol) << label << " routed";
+  const ErrorFigures g = report("expert_swiglu_with_shared", label + " shared", sh,
+                                ref::expert_swiglu(sgate.view(), sup.view(), widen(x),
+                                                   std::span<const int32_t>(), n, 1));
+  EXPECT_LT(g.normalised, tol) << label << " shared";
+  std::vector<float> cpu_h(static_cast<size_t>(n * k * I), kUnwritten);
+  std::vector<float> cpu_sh(static_cast<size_t>(n * S), kUnwritten);
+  host.expert_swiglu_with_shared(gate.view(), up.view(), ids.data(), k, cpu_h.data(),
+                                 sgate.view(), sup.view(), cpu_sh.data(), x.data(), n);
+  EXPECT_LT(report("expert_swiglu_with_shared", label + " routed vs cpu", h, widen(cpu_h)).normalised, tol);
+  EXPECT_LT(report("expert_swiglu_with_shared", label + " shared vs cpu", sh, widen(cpu_sh)).normalised, tol);
+}
+
+TEST(CudaExpertSwiglu, WithSharedExpertInOneLaunch) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  auto host = cpu();
+  Rng rng(335);
+  const QuantWeight gate(rng, 4, kExperts, kIntermediate, kHidden, 0, "experts_gate");
+  const QuantWeight up(rng, 4, kExperts, kIntermediate, kHidden, 0, "experts_up");
+  const QuantWeight sgate(rng, 4, 1, kShared, kHidden, 0, "shared_gate");
+  const QuantWeight sup(rng, 4, 1, kShared, kHidden, 0, "shared_up");
+  // in = 128: 4-lane segments, so one warp holds routed and shared units side by side.
+  for (int64_t n : {1, 2, 8}) {
+    check_swiglu_with_shared(*be, *host, gate, up, sgate, sup, rng, n, 3,
+                             "q4 n=" + std::to_string(n) + " k=3");
+  }
+  // S = 30: the shared expert's last unit is partial.
+  const QuantWeight sgate30(rng, 4, 1, 30, kHidden, 0, "shared_gate");
+  const QuantWeight sup30(rng, 4, 1, 30, kHidden, 0, "shared_up");
+  check_swiglu_with_shared(*be, *host, gate, up, sgate30, sup30, rng, 1, 8, "q4 S=30 n=1 k=8");
+  // Model shape: H = 2048, I = S = 512, k = 8 (16 experts instead of 256).
+  const QuantWeight mg(rng, 4, 16, 512, 2048, 0, "experts_gate");
+  const QuantWeight mu(rng, 4, 16, 512, 2048, 0, "experts_up");
+  const QuantWeight msg(rng, 4, 1, 512, 2048, 0, "shared_gate");
+  const QuantWeight msu(rng, 4, 1, 512, 2048, 0, "shared_up");
+  check_swiglu_with_shared(*be, *host, mg, mu, msg, msu, rng, 1, 8, "q4 model shape n=1");
+  // Shared expert of another code width, and prefill sizes: served as two ops, same results.
+  const QuantWeight sgate8(rng, 8, 1, kShared, kHidden, 0, "shared_gate");
+  const QuantWeight sup8(rng, 8, 1, kShared, kHidden, 0, "shared_up");
+  check_swiglu_with_shared(*be, *host, gate, up, sgate8, sup8, rng, 2, 3, "shared q8 n=2");
+  check_swiglu_with_shared(*be, *host, gate, up, sgate, sup, rng, 12, 3, "q4 n=12", 1e-4);
 }
 
 // ---- expert_down_combine -------------------------------------------------------------------

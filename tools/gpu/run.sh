@@ -7,6 +7,9 @@
 #                        sanitizer   compute-sanitizer memcheck on a tiny `lily run --device cuda`
 #                        bench-cuda  the CUDA bench matrix on the full synthetic checkpoint
 #                        bench-cpu   the CPU bench matrix on the host's cores
+#                        profile     Nsight Compute kernel durations of a short full-checkpoint
+#                                    run (prefill, eager decode step, graph replays) to
+#                                    ncu-decode.csv, and one `lily bench` arm at 256 tokens
 #   LILY_CONTEXTS      CUDA matrix contexts (default 256,1024,4096,16384,65536,131072)
 #   LILY_CPU_CONTEXTS  CPU matrix contexts (default 256,512,1024); LILY_THREADS (default 16)
 #   LILY_GTEST_FILTER  gtest filter for cuda_tests (default all)
@@ -52,6 +55,23 @@ ensure_full() {
 }
 tiny=$PWD/build-gpu/tiny-seed1
 [ -f "$tiny/config.json" ] || "$lily" make-checkpoint --profile tiny --seed 1 --out "$tiny" >/dev/null
+
+if has_stage profile; then
+  ensure_full
+  start=$(date +%s)
+  # One metric needs one pass, so kernels are not replayed; graph nodes are profiled one by one.
+  timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page details \
+    --launch-count "${LILY_NCU_KERNELS:-2400}" \
+    "$lily" run --model "$ckpt" --prompt-ids 1,2,3,4,5,6 --max-tokens 4 --device cuda \
+    >"$out/ncu-decode.csv" 2>"$out/ncu-decode.err" || echo "ncu: rc $?"
+  gzip -f "$out/ncu-decode.csv"
+  echo "ncu: $(( $(date +%s) - start )) s"
+  "$lily" bench --model "$ckpt" --prompt-len 256 --device cuda --json-out "$out/bench-256.json" \
+    2>&1 | tail -1
+  # The same arm without programmatic dependent launch: what the launch overlap buys.
+  LILY_CUDA_PDL=0 "$lily" bench --model "$ckpt" --prompt-len 256 --device cuda \
+    --json-out "$out/bench-256-nopdl.json" 2>&1 | tail -1
+fi
 
 if has_stage tests; then
   ensure_full

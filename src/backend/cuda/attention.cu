@@ -49,6 +49,7 @@ __global__ void __launch_bounds__(kPrepareWarps * 32)
     prepare_kernel(float* qg, float* k, const float* q_norm, const float* k_norm, int q_heads,
                    int kv_heads, int rotary_dim, RopeFreqs freqs, int64_t pos_host,
                    const int32_t* pos_device, int64_t n, float eps) {
+  grid_dependency_sync();
   constexpr int kPer = D / 32;
   __shared__ float buf[kPrepareWarps][D];
   const int warp = threadIdx.x >> 5;
@@ -148,6 +149,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
                         float* v_cache, int64_t capacity, int q_heads, int kv_heads, int group,
                         int64_t pos_host, const int32_t* pos_device, int splits, float scale,
                         float* part_o, float* part_ml) {
+  grid_dependency_sync();
   using Slice = LaneSlice<D>;
   constexpr int kPer = Slice::kPer;
   __shared__ float s_m[kDecodeWarps][G];
@@ -282,6 +284,7 @@ __global__ void __launch_bounds__(D)
     decode_combine_kernel(const float* qg, int64_t capacity, int G, int64_t pos_host,
                           const int32_t* pos_device, int splits, const float* part_o,
                           const float* part_ml, float* out) {
+  grid_dependency_sync();
   const int h = blockIdx.x;
   const int d = threadIdx.x;
   const int64_t P = read_position(pos_host, pos_device);
@@ -522,10 +525,8 @@ void launch_prepare(float* qg, float* k, const float* q_norm, const float* k_nor
                     int64_t n, float eps, cudaStream_t s) {
   const int64_t items = n * (a.q_heads + a.kv_heads);
   const auto blocks = static_cast<unsigned>((items + kPrepareWarps - 1) / kPrepareWarps);
-  prepare_kernel<D><<<blocks, kPrepareWarps * 32, 0, s>>>(qg, k, q_norm, k_norm, a.q_heads,
-                                                          a.kv_heads, a.rotary_dim, rope_freqs(a),
-                                                          pos_host, pos_device, n, eps);
-  LILY_CUDA_LAUNCH_CHECK();
+  launch(prepare_kernel<D>, blocks, kPrepareWarps * 32, 0, s, qg, k, q_norm, k_norm, a.q_heads,
+         a.kv_heads, a.rotary_dim, rope_freqs(a), pos_host, pos_device, n, eps);
 }
 
 int decode_splits(int64_t capacity) {
@@ -539,11 +540,9 @@ void launch_decode_split(const float* qg, const float* k, const float* v, float*
                          int64_t pos_host, const int32_t* pos_device, int splits, float scale,
                          float* part_o, float* part_ml, cudaStream_t s) {
   const int group = a.q_heads / a.kv_heads;
-  decode_split_kernel<D, G><<<dim3(static_cast<unsigned>(units), static_cast<unsigned>(splits)),
-                              kDecodeThreads, 0, s>>>(qg, k, v, k_cache, v_cache, capacity,
-                                                      a.q_heads, a.kv_heads, group, pos_host,
-                                                      pos_device, splits, scale, part_o, part_ml);
-  LILY_CUDA_LAUNCH_CHECK();
+  launch(decode_split_kernel<D, G>, dim3(static_cast<unsigned>(units), static_cast<unsigned>(splits)),
+         kDecodeThreads, 0, s, qg, k, v, k_cache, v_cache, capacity, a.q_heads, a.kv_heads, group,
+         pos_host, pos_device, splits, scale, part_o, part_ml);
 }
 
 template <int D>
@@ -577,9 +576,8 @@ void launch_decode(const float* qg, const float* k, const float* v, float* k_cac
                                 pos_device, splits, scale, part_o, part_ml, s);
       break;
   }
-  decode_combine_kernel<D><<<static_cast<unsigned>(a.q_heads), D, 0, s>>>(
-      qg, capacity, G, pos_host, pos_device, splits, part_o, part_ml, out);
-  LILY_CUDA_LAUNCH_CHECK();
+  launch(decode_combine_kernel<D>, static_cast<unsigned>(a.q_heads), D, 0, s, qg, capacity, G,
+         pos_host, pos_device, splits, part_o, part_ml, out);
 }
 
 template <int D>

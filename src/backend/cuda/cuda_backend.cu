@@ -2,6 +2,8 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <atomic>
+#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -10,6 +12,14 @@
 #include "core/bf16.h"
 
 namespace lily {
+
+namespace cuda {
+namespace {
+std::atomic<bool> g_pdl{false};
+}  // namespace
+bool pdl_enabled() { return g_pdl.load(std::memory_order_relaxed); }
+void set_pdl_enabled(bool on) { g_pdl.store(on, std::memory_order_relaxed); }
+}  // namespace cuda
 
 namespace {
 
@@ -21,7 +31,10 @@ void require(bool ok, const char* op, const std::string& what) {
 constexpr size_t kAlign = 256;
 size_t round_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
-__global__ void add_i32_kernel(int32_t* value, int32_t delta) { *value += delta; }
+__global__ void add_i32_kernel(int32_t* value, int32_t delta) {
+  cuda::grid_dependency_sync();
+  *value += delta;
+}
 
 void check_quant(const QuantView& w, const char* op) {
   require(w.codes != nullptr && w.scales != nullptr && w.biases != nullptr, op,
@@ -143,6 +156,10 @@ CudaBackend::CudaBackend() {
   cudaDeviceProp prop{};
   LILY_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   device_name_ = prop.name;
+  // Programmatic dependent launch needs compute capability 9.0; LILY_CUDA_PDL=0 turns it off
+  // to measure what it buys.
+  const char* pdl = std::getenv("LILY_CUDA_PDL");
+  cuda::set_pdl_enabled(prop.major >= 9 && !(pdl != nullptr && std::string(pdl) == "0"));
   LILY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   workspace_ = std::make_unique<CudaWorkspace>(stream_);
   LILY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_reads_), 2 * sizeof(int32_t),
@@ -218,8 +235,7 @@ void CudaBackend::copy_i32(const int32_t* src, size_t count, int32_t* dst) {
   LILY_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * 4, cudaMemcpyDeviceToDevice, stream_));
 }
 void CudaBackend::add_i32(int32_t* value, int32_t delta) {
-  add_i32_kernel<<<1, 1, 0, stream_>>>(value, delta);
-  LILY_CUDA_LAUNCH_CHECK();
+  cuda::launch(add_i32_kernel, 1, 1, 0, stream_, value, delta);
 }
 
 void CudaBackend::read_async(const int32_t* src, int slot) {
@@ -396,13 +412,42 @@ void CudaBackend::embed(const QuantView& table, const int32_t* ids, int64_t n, f
   cuda::embed(quant(table), ids, n, out, stream_);
 }
 
+namespace {
+void check_matmul(const cuda::QuantMatrix& m, const QuantView& w, int64_t row_begin, int64_t rows,
+                  const float* x, int64_t n, const float* y, const char* op) {
+  require(n > 0 && rows > 0 && row_begin >= 0 && row_begin + rows <= m.rows(), op,
+          "rows [" + std::to_string(row_begin) + ", " + std::to_string(row_begin + rows) +
+              ") outside " + w.name + "'s " + std::to_string(m.rows()) + " rows, or n <= 0");
+  require(x != nullptr && y != nullptr, op, "null activation buffers");
+}
+}  // namespace
+
+void CudaBackend::matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t n) {
+  require(!targets.empty(), "matmul_group", "no targets");
+  cuda::GemvTarget batch[cuda::kMaxGemvTargets];
+  // One launch when the group fits the batched GEMV: few tokens, at most kMaxGemvTargets
+  // weights, one bit width and input width (the model's groups all do). Otherwise the same
+  // products, one launch each.
+  bool one_launch = n <= cuda::kGemvMaxTokens && targets.size() <= cuda::kMaxGemvTargets;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const MatmulTarget& t = targets[i];
+    require(t.w != nullptr, "matmul_group", "null weight");
+    const cuda::QuantMatrix& m = quant(*t.w);
+    check_matmul(m, *t.w, t.row_begin, t.rows, x, n, t.y, "matmul_group");
+    if (i < cuda::kMaxGemvTargets) batch[i] = cuda::GemvTarget{m, t.row_begin, t.rows, t.y};
+    one_launch = one_launch && m.bits == batch[0].w.bits && m.in == batch[0].w.in;
+  }
+  if (one_launch) {
+    cuda::gemv_batch(batch, static_cast<int>(targets.size()), x, n, stream_);
+    return;
+  }
+  for (const MatmulTarget& t : targets) matmul(*t.w, t.row_begin, t.rows, x, n, t.y);
+}
+
 void CudaBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x,
                          int64_t n, float* y) {
   const cuda::QuantMatrix& m = quant(w);
-  require(n > 0 && rows > 0 && row_begin >= 0 && row_begin + rows <= m.rows(), "matmul",
-          "rows [" + std::to_string(row_begin) + ", " + std::to_string(row_begin + rows) +
-              ") outside " + w.name + "'s " + std::to_string(m.rows()) + " rows, or n <= 0");
-  require(x != nullptr && y != nullptr, "matmul", "null activation buffers");
+  check_matmul(m, w, row_begin, rows, x, n, y, "matmul");
   if (n <= cuda::kGemvMaxTokens) {
     cuda::gemv(m, row_begin, rows, x, n, y, stream_);
   } else {
@@ -514,6 +559,31 @@ void CudaBackend::expert_swiglu(const QuantView& gate, const QuantView& up, cons
   } else {
     cuda::expert_swiglu_grouped(g, u, x, ids, n, k, h, *workspace_, stream_);
   }
+}
+
+void CudaBackend::expert_swiglu_with_shared(const QuantView& gate, const QuantView& up,
+                                            const int32_t* ids, int64_t k, float* h,
+                                            const QuantView& shared_gate,
+                                            const QuantView& shared_up, float* shared_h,
+                                            const float* x, int64_t n) {
+  const cuda::QuantMatrix& g = quant(gate);
+  const cuda::QuantMatrix& u = quant(up);
+  const cuda::QuantMatrix& sg = quant(shared_gate);
+  const cuda::QuantMatrix& su = quant(shared_up);
+  const bool one_launch = n <= cuda::kGemvMaxTokens && sg.bits == g.bits && su.bits == u.bits &&
+                          sg.in == g.in && su.in == u.in;
+  if (!one_launch) {  // prefill (grouped GEMMs), or shapes the fused kernel does not take
+    expert_swiglu(gate, up, x, ids, n, k, h);
+    expert_swiglu(shared_gate, shared_up, x, nullptr, n, 1, shared_h);
+    return;
+  }
+  require(g.experts == u.experts && g.out == u.out && g.in == u.in, "expert_swiglu_with_shared",
+          "gate " + gate.name + " and up " + up.name + " must have the same shape");
+  require(sg.out == su.out && sg.in == su.in, "expert_swiglu_with_shared",
+          "gate " + shared_gate.name + " and up " + shared_up.name + " must have the same shape");
+  require(n > 0 && k > 0 && x != nullptr && h != nullptr && ids != nullptr && shared_h != nullptr,
+          "expert_swiglu_with_shared", "needs n, k > 0, ids and buffers");
+  cuda::expert_swiglu_shared_gemv(g, u, ids, k, h, &sg, &su, shared_h, x, n, stream_);
 }
 
 void CudaBackend::expert_down_combine(const QuantView& down, const float* h, const int32_t* ids,

@@ -67,6 +67,7 @@ class CudaBackend final : public Backend {
   void embed(const QuantView& table, const int32_t* ids, int64_t n, float* out) override;
   void matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
               float* y) override;
+  void matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t n) override;
   void rms_norm(const float* x, const DenseView& gain, int64_t n, int64_t dim, float eps,
                 float* out) override;
   void add_rms_norm(float* residual, const float* delta, const DenseView& gain, int64_t n,
@@ -88,6 +89,10 @@ class CudaBackend final : public Backend {
                  float* weights) override;
   void expert_swiglu(const QuantView& gate, const QuantView& up, const float* x,
                      const int32_t* ids, int64_t n, int64_t k, float* h) override;
+  void expert_swiglu_with_shared(const QuantView& gate, const QuantView& up, const int32_t* ids,
+                                 int64_t k, float* h, const QuantView& shared_gate,
+                                 const QuantView& shared_up, float* shared_h, const float* x,
+                                 int64_t n) override;
   void expert_down_combine(const QuantView& down, const float* h, const int32_t* ids,
                            const float* weights, int64_t n, int64_t k,
                            const QuantView& shared_down, const float* shared_h,

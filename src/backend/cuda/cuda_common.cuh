@@ -24,6 +24,53 @@ namespace lily::cuda {
 // After a kernel launch: a bad configuration shows up here, not at a later sync.
 #define LILY_CUDA_LAUNCH_CHECK() LILY_CUDA_CHECK(cudaGetLastError())
 
+// ---- programmatic dependent launch ------------------------------------------------------
+// A decode step is ~400 dependent kernels of a few microseconds each, so the gap between one
+// kernel's end and the next one's start is a large part of the step. With programmatic
+// dependent launch (compute capability 9.0+), every kernel of this backend is launched with
+// the programmatic-serialization attribute: it may start while its predecessor in the stream
+// is still running. Contract, for every kernel launched through `launch`:
+//   * before `grid_dependency_sync()` it may only read memory no kernel writes (weights);
+//   * every thread that reads or writes activations calls it first, and every block calls
+//     it before it exits or writes anything (so a kernel never completes before the one it
+//     follows: completion stays ordered along the stream, which later kernels rely on).
+// `grid_dependency_sync` also allows the next kernel to launch (its blocks then wait in
+// their own sync), so the next launch overlaps this kernel's work.
+// Off for devices below 9.0 and when LILY_CUDA_PDL=0 (to measure what it buys); the
+// instructions are no-ops then.
+bool pdl_enabled();
+void set_pdl_enabled(bool on);
+
+__device__ __forceinline__ void grid_dependency_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+
+// Pulls a weight line into L2 ahead of use (before grid_dependency_sync: weights are
+// constant), so the first loads after the sync hit L2 instead of device memory.
+__device__ __forceinline__ void prefetch_l2(const void* p) {
+  asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
+}
+
+// Launches `kernel` on `stream`, with the programmatic-serialization attribute when enabled.
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+            cudaStream_t stream, Args... args) {
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = shared_bytes;
+  config.stream = stream;
+  config.attrs = &attribute;
+  config.numAttrs = pdl_enabled() ? 1 : 0;
+  LILY_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
+}
+
 inline constexpr int kGroupSize = 64;  // MLX affine group size, the only one the model uses
 
 __device__ __forceinline__ float warp_sum(float v) {

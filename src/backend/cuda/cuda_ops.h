@@ -60,6 +60,18 @@ void embed(const QuantMatrix& table, const int32_t* ids, int64_t n, float* out, 
 void gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
           float* y, cudaStream_t s);
 
+// Several projections of one input in one launch (the decode fusions: GDN qkv|z|a|b,
+// attention q|k|v, router|shared-expert gate). For each target, as gemv. Every target has the
+// same bit width and input width, rows > 0; at most kMaxGemvTargets targets.
+struct GemvTarget {
+  QuantMatrix w;
+  int64_t row_begin = 0;
+  int64_t rows = 0;
+  float* y = nullptr;  // [n, rows] f32
+};
+inline constexpr int kMaxGemvTargets = 4;
+void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s);
+
 // out[t] = index of the largest logit (lowest index on ties; NaN never wins over a number,
 // where the CPU's strict scan would keep a NaN at index 0: a difference only for NaN logits).
 // logits [n, vocab] f32; out [n] i32
@@ -70,6 +82,14 @@ void argmax(const float* logits, int64_t n, int64_t vocab, int32_t* out, Workspa
 // x [n, in] f32; ids [n, k] i32 (device); h [n, k, I] f32 with I = gate.out
 void expert_swiglu_gemv(const QuantMatrix& gate, const QuantMatrix& up, const float* x,
                         const int32_t* ids, int64_t n, int64_t k, float* h, cudaStream_t s);
+
+// expert_swiglu_gemv for the routed experts and, in the same launch, the shared expert:
+// shared_h [n, S] = silu(Gs x) * Us x. The shared matrices need the routed ones' bit widths and
+// input width. shared_gate == nullptr: routed only.
+void expert_swiglu_shared_gemv(const QuantMatrix& gate, const QuantMatrix& up, const int32_t* ids,
+                               int64_t k, float* h, const QuantMatrix* shared_gate,
+                               const QuantMatrix* shared_up, float* shared_h, const float* x,
+                               int64_t n, cudaStream_t s);
 
 // out[t] = sum_j weights[t, j] D_{ids[t,j]} h[t, j] + sigmoid(shared_logit[t]) D_s shared_h[t], n <= 8
 // h [n, k, I]; ids, weights [n, k]; shared_h [n, S]; shared_logit [n]; out [n, H] (H = down.out)

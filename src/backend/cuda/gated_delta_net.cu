@@ -38,6 +38,7 @@ __global__ void __launch_bounds__(kConvThreads, 1)
     conv1d_silu_kernel(const float* __restrict__ mixed, float* __restrict__ window,
                        const float* __restrict__ weight, int64_t C, int n, bool write_window,
                        float* __restrict__ out) {
+  grid_dependency_sync();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kConvThreads + threadIdx.x;
   if (c >= C) return;
   const int t0 = static_cast<int>(blockIdx.y) * kConvTile;
@@ -90,9 +91,8 @@ void launch_conv(const float* mixed, float* window, const float* weight, int64_t
   const auto tiles = static_cast<unsigned>((n + kConvTile - 1) / kConvTile);
   const auto col_blocks = static_cast<unsigned>((C + kConvThreads - 1) / kConvThreads);
   const bool single = tiles == 1;
-  conv1d_silu_kernel<K><<<dim3(col_blocks, tiles), kConvThreads, 0, s>>>(
-      mixed, window, weight, C, static_cast<int>(n), single, out);
-  LILY_CUDA_LAUNCH_CHECK();
+  launch(conv1d_silu_kernel<K>, dim3(col_blocks, tiles), kConvThreads, 0, s, mixed, window,
+         weight, C, static_cast<int>(n), single, out);
   if (!single) {
     conv1d_window_kernel<K><<<col_blocks, kConvThreads, 0, s>>>(mixed, window, C, static_cast<int>(n));
     LILY_CUDA_LAUNCH_CHECK();
@@ -147,6 +147,7 @@ __global__ void __launch_bounds__(CG * L, 1)
                             const float* __restrict__ b_in, const float* __restrict__ a_log,
                             const float* __restrict__ dt_bias, float* __restrict__ state, int Hk,
                             int Hv, int Dv, int n, float q_scale, float* __restrict__ out) {
+  grid_dependency_sync();
   constexpr int kThreads = CG * L;
   constexpr int kWarps = kThreads / 32;
   constexpr int R = Dk / L;          // state rows per lane
@@ -325,10 +326,8 @@ void launch_delta(const float* conv, const float* a, const float* b, const float
                   const float* dt_bias, float* state, const DeltaNetShape& d, int64_t n,
                   float q_scale, float* out, cudaStream_t s) {
   const dim3 grid(static_cast<unsigned>(d.value_heads), static_cast<unsigned>(d.value_dim / CG));
-  gated_delta_rule_kernel<Dk, CG, L><<<grid, CG * L, 0, s>>>(
-      conv, a, b, a_log, dt_bias, state, d.key_heads, d.value_heads, d.value_dim,
-      static_cast<int>(n), q_scale, out);
-  LILY_CUDA_LAUNCH_CHECK();
+  launch(gated_delta_rule_kernel<Dk, CG, L>, grid, CG * L, 0, s, conv, a, b, a_log, dt_bias, state,
+         d.key_heads, d.value_heads, d.value_dim, static_cast<int>(n), q_scale, out);
 }
 
 // Decode (a few tokens): 8 columns per block for more, smaller blocks over the SMs. Prefill:

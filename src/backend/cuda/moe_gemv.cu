@@ -31,24 +31,48 @@ __device__ __forceinline__ int64_t expert_at(const int32_t* ids, int64_t slot, i
 constexpr int kSwigluRows = 4;
 constexpr int kSwigluUnroll = 1;  // 2 * kSwigluRows loads in flight per lane already
 
-// x [n, in] f32; ids [n * k] i32 or nullptr (expert 0); h [n * k, I] f32, I = gate.out.
+// One set of gathered SwiGLU rows: slot (t, j) uses expert ids[t * k + j] (ids == nullptr:
+// expert 0, k == 1) and writes h [slots, I] f32, I = gate.out.
+struct SwigluSet {
+  QuantMatrix gate;
+  QuantMatrix up;
+  const int32_t* ids = nullptr;
+  int64_t slots = 0;  // n * k
+  int64_t k = 1;
+  float* h = nullptr;
+};
+
+// The routed experts' units first, then the shared expert's (shared.slots may be 0): one
+// launch for both. Both sets have the same code widths and input width (x [n, in] f32).
+// A warp's segments may fall in different sets, so the set is chosen field by field (no
+// divergent branch around the shuffles).
 template <int BitsG, int BitsU>
 __global__ void __launch_bounds__(kMoeThreads)
-    swiglu_kernel(QuantMatrix gate, QuantMatrix up, const float* __restrict__ x,
-                  const int32_t* __restrict__ ids, int64_t slots, int64_t k,
-                  float* __restrict__ h, int lanes, bool x_vec) {
+    swiglu_kernel(SwigluSet routed, SwigluSet shared, const float* __restrict__ x, int lanes,
+                  bool x_vec) {
+  grid_dependency_sync();
   constexpr int R = kSwigluRows;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int li = lane & (lanes - 1);
   const int segments = 32 / lanes;
-  const int64_t I = gate.out;
-  const int64_t tiles = (I + R - 1) / R;  // units per slot
-  const int64_t units = slots * tiles;
+  const int64_t routed_tiles = (routed.gate.out + R - 1) / R;  // units per slot
+  const int64_t shared_tiles = (shared.gate.out + R - 1) / R;
+  const int64_t routed_units = routed.slots * routed_tiles;
+  const int64_t units = routed_units + shared.slots * shared_tiles;
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * (kMoeThreads / 32) + threadIdx.x / 32;
   if (warp * segments >= units) return;  // whole warp: the shuffles need every live lane
   int64_t unit = warp * segments + lane / lanes;
   const bool live = unit < units;
   if (!live) unit = units - 1;  // recompute the last unit in step with the warp; never stored
+  const bool is_shared = unit >= routed_units;
+  const QuantMatrix gate = is_shared ? shared.gate : routed.gate;
+  const QuantMatrix up = is_shared ? shared.up : routed.up;
+  const int32_t* ids = is_shared ? shared.ids : routed.ids;
+  const int64_t k = is_shared ? shared.k : routed.k;
+  float* h = is_shared ? shared.h : routed.h;
+  const int64_t tiles = is_shared ? shared_tiles : routed_tiles;
+  if (is_shared) unit -= routed_units;
+  const int64_t I = gate.out;
   const int64_t slot = unit / tiles;
   const int64_t i0 = (unit % tiles) * R;
   const int64_t e = expert_at(ids, slot, gate.experts);
@@ -121,18 +145,18 @@ __global__ void __launch_bounds__(kMoeThreads)
 }
 
 template <int BitsG, int BitsU>
-void launch_swiglu(const QuantMatrix& gate, const QuantMatrix& up, const float* x,
-                   const int32_t* ids, int64_t n, int64_t k, float* h, cudaStream_t s) {
-  const int64_t chunks = gate.in / Chunk<BitsG>::kValues > up.in / Chunk<BitsU>::kValues
-                             ? gate.in / Chunk<BitsG>::kValues
-                             : up.in / Chunk<BitsU>::kValues;
+void launch_swiglu(const SwigluSet& routed, const SwigluSet& shared, const float* x,
+                   cudaStream_t s) {
+  const int64_t chunks = routed.gate.in / Chunk<BitsG>::kValues > routed.up.in / Chunk<BitsU>::kValues
+                             ? routed.gate.in / Chunk<BitsG>::kValues
+                             : routed.up.in / Chunk<BitsU>::kValues;
   const int lanes = gemv_detail::lanes_for_chunks(chunks);
-  const int64_t units = n * k * ((gate.out + kSwigluRows - 1) / kSwigluRows);
+  const int64_t units = routed.slots * ((routed.gate.out + kSwigluRows - 1) / kSwigluRows) +
+                        shared.slots * ((shared.gate.out + kSwigluRows - 1) / kSwigluRows);
   const int64_t units_per_block = (kMoeThreads / 32) * (32 / lanes);
   const int64_t blocks = (units + units_per_block - 1) / units_per_block;
-  swiglu_kernel<BitsG, BitsU><<<static_cast<unsigned>(blocks), kMoeThreads, 0, s>>>(
-      gate, up, x, ids, n * k, k, h, lanes, gemv_detail::aligned16(x));
-  LILY_CUDA_LAUNCH_CHECK();
+  launch(swiglu_kernel<BitsG, BitsU>, static_cast<unsigned>(blocks), kMoeThreads, 0, s, routed,
+         shared, x, lanes, gemv_detail::aligned16(x));
 }
 
 // ---- expert_down_combine_gemv -------------------------------------------------------------
@@ -154,6 +178,7 @@ __global__ void __launch_bounds__(kMoeThreads)
                         int64_t k, QuantMatrix shared_down, const float* __restrict__ shared_h,
                         const float* __restrict__ shared_logit, float* __restrict__ out,
                         bool x_vec) {
+  grid_dependency_sync();
   constexpr int R = kDownRows;
   constexpr int U = kDownUnroll;
   using CD = Chunk<BitsD>;
@@ -254,9 +279,8 @@ void launch_down(const QuantMatrix& down, const float* h, const int32_t* ids,
   const dim3 grid(static_cast<unsigned>((down.out + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(n));
   const bool x_vec = gemv_detail::aligned16(h) && gemv_detail::aligned16(shared_h);
-  down_combine_kernel<BitsD, BitsS><<<grid, kMoeThreads, 0, s>>>(
-      down, h, ids, weights, k, shared_down, shared_h, shared_logit, out, x_vec);
-  LILY_CUDA_LAUNCH_CHECK();
+  launch(down_combine_kernel<BitsD, BitsS>, grid, kMoeThreads, 0, s, down, h, ids, weights, k,
+         shared_down, shared_h, shared_logit, out, x_vec);
 }
 
 void check_bits(int bits, const char* op) {
@@ -269,13 +293,31 @@ void check_bits(int bits, const char* op) {
 
 void expert_swiglu_gemv(const QuantMatrix& gate, const QuantMatrix& up, const float* x,
                         const int32_t* ids, int64_t n, int64_t k, float* h, cudaStream_t s) {
+  expert_swiglu_shared_gemv(gate, up, ids, k, h, nullptr, nullptr, nullptr, x, n, s);
+}
+
+void expert_swiglu_shared_gemv(const QuantMatrix& gate, const QuantMatrix& up, const int32_t* ids,
+                               int64_t k, float* h, const QuantMatrix* shared_gate,
+                               const QuantMatrix* shared_up, float* shared_h, const float* x,
+                               int64_t n, cudaStream_t s) {
   if (n <= 0 || k <= 0 || gate.out <= 0) return;
   check_bits(gate.bits, "expert_swiglu_gemv");
   check_bits(up.bits, "expert_swiglu_gemv");
-  if (gate.bits == 4 && up.bits == 4) return launch_swiglu<4, 4>(gate, up, x, ids, n, k, h, s);
-  if (gate.bits == 8 && up.bits == 8) return launch_swiglu<8, 8>(gate, up, x, ids, n, k, h, s);
-  if (gate.bits == 4) return launch_swiglu<4, 8>(gate, up, x, ids, n, k, h, s);
-  return launch_swiglu<8, 4>(gate, up, x, ids, n, k, h, s);
+  const SwigluSet routed{gate, up, ids, n * k, k, h};
+  SwigluSet shared{gate, up, nullptr, 0, 1, nullptr};
+  if (shared_gate != nullptr) {
+    if (shared_up == nullptr || shared_h == nullptr || shared_gate->bits != gate.bits ||
+        shared_up->bits != up.bits || shared_gate->in != gate.in || shared_up->in != up.in) {
+      throw std::invalid_argument(
+          "cuda::expert_swiglu_shared_gemv: the shared expert needs the routed experts' code "
+          "and input widths");
+    }
+    shared = SwigluSet{*shared_gate, *shared_up, nullptr, n, 1, shared_h};
+  }
+  if (gate.bits == 4 && up.bits == 4) return launch_swiglu<4, 4>(routed, shared, x, s);
+  if (gate.bits == 8 && up.bits == 8) return launch_swiglu<8, 8>(routed, shared, x, s);
+  if (gate.bits == 4) return launch_swiglu<4, 8>(routed, shared, x, s);
+  return launch_swiglu<8, 4>(routed, shared, x, s);
 }
 
 void expert_down_combine_gemv(const QuantMatrix& down, const float* h, const int32_t* ids,

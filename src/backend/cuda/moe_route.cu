@@ -28,6 +28,7 @@ template <int M>  // experts per lane: experts <= 32 * M
 __global__ void __launch_bounds__(kRowsPerBlock * 32, 1)
     moe_route_kernel(const float* __restrict__ logits, int64_t n, int E, int k,
                      int32_t* __restrict__ ids, float* __restrict__ weights) {
+  grid_dependency_sync();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= n) return;  // whole warps leave together
   const int lane = static_cast<int>(threadIdx.x & 31);
@@ -97,9 +98,8 @@ template <int M>
 void launch_route(const float* logits, int64_t n, int64_t E, int64_t k, int32_t* ids,
                   float* weights, cudaStream_t s) {
   const auto blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
-  moe_route_kernel<M><<<blocks, kRowsPerBlock * 32, 0, s>>>(logits, n, static_cast<int>(E),
-                                                            static_cast<int>(k), ids, weights);
-  LILY_CUDA_LAUNCH_CHECK();
+  launch(moe_route_kernel<M>, blocks, kRowsPerBlock * 32, 0, s, logits, n, static_cast<int>(E),
+         static_cast<int>(k), ids, weights);
 }
 
 }  // namespace

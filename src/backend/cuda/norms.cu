@@ -29,6 +29,7 @@ template <NormKind kKind>
 __global__ void __launch_bounds__(kBlockThreads)
     norm_warp_kernel(float* x, const float* delta, const float* z, const float* gain,
                      int64_t rows, int64_t dim, float eps, float* out) {
+  grid_dependency_sync();
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;
@@ -70,6 +71,7 @@ template <NormKind kKind>
 __global__ void __launch_bounds__(kBlockThreads)
     norm_block_kernel(float* x, const float* delta, const float* z, const float* gain,
                       int64_t dim, float eps, float* out) {
+  grid_dependency_sync();
   __shared__ float partial[kWarpsPerBlock];
   __shared__ float total;
   const int64_t row = blockIdx.x;
@@ -103,18 +105,96 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
 }
 
+// Block sum of one value per thread; every thread gets the total.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float partial[kWarpsPerBlock];
+  v = warp_sum(v);
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kWarpsPerBlock; ++w) total += partial[w];  // same order in every thread
+  return total;
+}
+
+// One block per row of dim <= 4 * kBlockThreads * V, dim % 4 == 0, 16-byte aligned rows: each
+// thread keeps its V float4s in registers, so the row is read once, with every load issued
+// before the first use (the generic kernel's loop serialises a load, add and store per value,
+// and re-reads the row).
+template <NormKind kKind, int V>
+__global__ void __launch_bounds__(kBlockThreads)
+    norm_vec_kernel(float* x, const float* __restrict__ delta, const float* __restrict__ z,
+                    const float* __restrict__ gain, int64_t dim, float eps, float* out) {
+  grid_dependency_sync();
+  const int64_t row = blockIdx.x;
+  const int64_t quads = dim / 4;
+  auto* xr = reinterpret_cast<float4*>(x + row * dim);
+  float4 v[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const int64_t q = threadIdx.x + static_cast<int64_t>(i) * kBlockThreads;
+    v[i] = q < quads ? xr[q] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if constexpr (kKind == NormKind::add) {
+      if (q < quads) {
+        const float4 d = reinterpret_cast<const float4*>(delta + row * dim)[q];
+        v[i].x += d.x;
+        v[i].y += d.y;
+        v[i].z += d.z;
+        v[i].w += d.w;
+      }
+    }
+  }
+  float sum_sq = 0.0f;
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    sum_sq = fmaf(v[i].x, v[i].x, sum_sq);
+    sum_sq = fmaf(v[i].y, v[i].y, sum_sq);
+    sum_sq = fmaf(v[i].z, v[i].z, sum_sq);
+    sum_sq = fmaf(v[i].w, v[i].w, sum_sq);
+  }
+  const float inv = inv_rms(block_sum(sum_sq), dim, eps);
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const int64_t q = threadIdx.x + static_cast<int64_t>(i) * kBlockThreads;
+    if (q >= quads) continue;
+    if constexpr (kKind == NormKind::add) xr[q] = v[i];
+    const float4 g = reinterpret_cast<const float4*>(gain)[q];
+    float4 o = make_float4(v[i].x * inv * g.x, v[i].y * inv * g.y, v[i].z * inv * g.z,
+                           v[i].w * inv * g.w);
+    if constexpr (kKind == NormKind::gated) {
+      const float4 zq = reinterpret_cast<const float4*>(z + row * dim)[q];
+      o.x *= zq.x * sigmoidf_(zq.x);
+      o.y *= zq.y * sigmoidf_(zq.y);
+      o.z *= zq.z * sigmoidf_(zq.z);
+      o.w *= zq.w * sigmoidf_(zq.w);
+    }
+    reinterpret_cast<float4*>(out + row * dim)[q] = o;
+  }
+}
+
+bool aligned16(const void* p) { return p == nullptr || (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
 template <NormKind kKind>
-void launch(float* x, const float* delta, const float* z, const float* gain, int64_t rows,
+void launch_norm(float* x, const float* delta, const float* z, const float* gain, int64_t rows,
             int64_t dim, float eps, float* out, cudaStream_t s) {
   if (rows <= 0 || dim <= 0) return;
+  const bool vec = dim % 4 == 0 && aligned16(x) && aligned16(delta) && aligned16(z) &&
+                   aligned16(gain) && aligned16(out);
+  const auto row_blocks = static_cast<unsigned>(rows);
   if (dim <= kWarpRowMax) {
     const auto blocks = static_cast<unsigned>((rows + kWarpsPerBlock - 1) / kWarpsPerBlock);
-    norm_warp_kernel<kKind><<<blocks, kBlockThreads, 0, s>>>(x, delta, z, gain, rows, dim, eps, out);
+    launch(norm_warp_kernel<kKind>, blocks, kBlockThreads, 0, s, x, delta, z, gain, rows, dim, eps,
+           out);
+  } else if (vec && dim <= 4 * kBlockThreads * 2) {
+    launch(norm_vec_kernel<kKind, 2>, row_blocks, kBlockThreads, 0, s, x, delta, z, gain, dim, eps,
+           out);
+  } else if (vec && dim <= 4 * kBlockThreads * 4) {
+    launch(norm_vec_kernel<kKind, 4>, row_blocks, kBlockThreads, 0, s, x, delta, z, gain, dim, eps,
+           out);
   } else {
-    norm_block_kernel<kKind><<<static_cast<unsigned>(rows), kBlockThreads, 0, s>>>(x, delta, z, gain,
-                                                                                   dim, eps, out);
+    launch(norm_block_kernel<kKind>, row_blocks, kBlockThreads, 0, s, x, delta, z, gain, dim, eps,
+           out);
   }
-  LILY_CUDA_LAUNCH_CHECK();
 }
 
 }  // namespace
@@ -122,17 +202,17 @@ void launch(float* x, const float* delta, const float* z, const float* gain, int
 void rms_norm(const float* x, const float* gain, int64_t n, int64_t dim, float eps, float* out,
               cudaStream_t s) {
   // The plain kernel never writes x (only the add kind does).
-  launch<NormKind::plain>(const_cast<float*>(x), nullptr, nullptr, gain, n, dim, eps, out, s);
+  launch_norm<NormKind::plain>(const_cast<float*>(x), nullptr, nullptr, gain, n, dim, eps, out, s);
 }
 
 void add_rms_norm(float* residual, const float* delta, const float* gain, int64_t n, int64_t dim,
                   float eps, float* out, cudaStream_t s) {
-  launch<NormKind::add>(residual, delta, nullptr, gain, n, dim, eps, out, s);
+  launch_norm<NormKind::add>(residual, delta, nullptr, gain, n, dim, eps, out, s);
 }
 
 void gated_rms_norm(const float* x, const float* z, const float* gain, int64_t rows, int64_t dim,
                     float eps, float* out, cudaStream_t s) {
-  launch<NormKind::gated>(const_cast<float*>(x), nullptr, z, gain, rows, dim, eps, out, s);
+  launch_norm<NormKind::gated>(const_cast<float*>(x), nullptr, z, gain, rows, dim, eps, out, s);
 }
 
 }  // namespace lily::cuda

@@ -38,22 +38,43 @@ inline constexpr int kGemvUnroll = 1;
 template <int NT>
 inline constexpr int kGemvMinBlocks = NT <= 2 ? 4 : 1;
 
-// y[t, r] = W[row_begin + r] . x[t] for r < rows, t < NT.
-// x [NT, in] f32; y [NT, rows] f32.
+// The targets of one launch, and the blocks of each: target i owns blocks
+// [block_end[i - 1], block_end[i]) (block_end[-1] = 0).
+struct GemvBatch {
+  GemvTarget target[kMaxGemvTargets];
+  unsigned block_end[kMaxGemvTargets] = {};
+  int count = 0;
+};
+
+// For each target: y[t, r] = W[row_begin + r] . x[t] for r < rows, t < NT.
+// x [NT, in] f32 (every target has the same `in`); y [NT, rows] f32 per target.
 template <int Bits, int NT>
 __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
-    gemv_kernel(QuantMatrix w, int64_t row_begin, int64_t rows, const float* __restrict__ x,
-                float* __restrict__ y, int lanes, bool x_vec) {
+    gemv_kernel(GemvBatch batch, const float* __restrict__ x, int lanes, bool x_vec) {
   constexpr int kRows = kGemvRows<NT>;
+  // This block's target, selected with constant indices (a dynamic index into the kernel
+  // parameters would copy them to local memory).
+  GemvTarget target = batch.target[0];
+  unsigned first_block = 0;
+#pragma unroll
+  for (int i = 1; i < kMaxGemvTargets; ++i) {
+    if (i < batch.count && blockIdx.x >= batch.block_end[i - 1]) {
+      target = batch.target[i];
+      first_block = batch.block_end[i - 1];
+    }
+  }
+  const QuantMatrix& w = target.w;
+  const int64_t rows = target.rows;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int segments = 32 / lanes;
-  const int64_t warp = static_cast<int64_t>(blockIdx.x) * (kGemvThreads / 32) + threadIdx.x / 32;
-  // The whole warp leaves together (the shuffles below need every lane of a live warp).
-  if (warp * segments * kRows >= rows) return;
+  const int64_t warp =
+      static_cast<int64_t>(blockIdx.x - first_block) * (kGemvThreads / 32) + threadIdx.x / 32;
+  const bool live = warp * segments * kRows < rows;  // whole warps leave (shuffles below)
   const int64_t first = (warp * segments + lane / lanes) * kRows;  // first row (relative)
   // (QuantMatrix's helpers are host-only, so the sizes are spelled out.)
   const int64_t words = w.in * Bits / 32;
   const int64_t groups = w.in / kGroupSize;
+  const int chunks = static_cast<int>(w.in / Chunk<Bits>::kValues);
 
   const uint32_t* codes[kRows];
   const __nv_bfloat16* scales[kRows];
@@ -61,53 +82,68 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
     // Rows past the end re-read the last row (keeps the segment in step); never stored.
-    const int64_t row = row_begin + (first + i < rows ? first + i : rows - 1);
+    const int64_t row = target.row_begin + (first + i < rows ? first + i : rows - 1);
     codes[i] = w.codes + row * words;
     scales[i] = w.scales + row * groups;
     biases[i] = w.biases + row * groups;
   }
+  // Weights do not depend on the previous kernel: start pulling this lane's share into L2
+  // while that kernel finishes (see grid_dependency_sync).
+  if (live) {
+    for (int c = lane & (lanes - 1); c < chunks; c += lanes) {
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) prefetch_l2(codes[i] + 4 * c);
+    }
+  }
+  grid_dependency_sync();
+  if (!live) return;
+
   const float* xs[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) xs[t] = x + t * w.in;
 
   float acc[kRows][NT] = {};
-  gemv_detail::rows_dot<Bits, kRows, NT, kGemvUnroll>(
-      codes, scales, biases, xs, x_vec, static_cast<int>(w.in / Chunk<Bits>::kValues),
-      lane & (lanes - 1), lanes, acc);
+  gemv_detail::rows_dot<Bits, kRows, NT, kGemvUnroll>(codes, scales, biases, xs, x_vec, chunks,
+                                                      lane & (lanes - 1), lanes, acc);
 
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       const float v = gemv_detail::segment_sum(acc[i][t], lanes);
-      if ((lane & (lanes - 1)) == 0 && first + i < rows) y[t * rows + first + i] = v;
+      if ((lane & (lanes - 1)) == 0 && first + i < rows) target.y[t * rows + first + i] = v;
     }
   }
 }
 
 template <int Bits, int NT>
-void launch_gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x,
-                 float* y, cudaStream_t s) {
-  const int lanes = gemv_detail::lanes_for_chunks(w.in / Chunk<Bits>::kValues);
+void launch_gemv(const GemvTarget* targets, int count, const float* x, cudaStream_t s) {
+  const int lanes = gemv_detail::lanes_for_chunks(targets[0].w.in / Chunk<Bits>::kValues);
   const int64_t rows_per_block = (kGemvThreads / 32) * (32 / lanes) * kGemvRows<NT>;
-  const int64_t blocks = (rows + rows_per_block - 1) / rows_per_block;
-  gemv_kernel<Bits, NT><<<static_cast<unsigned>(blocks), kGemvThreads, 0, s>>>(
-      w, row_begin, rows, x, y, lanes, gemv_detail::aligned16(x));
-  LILY_CUDA_LAUNCH_CHECK();
+  GemvBatch batch;
+  batch.count = count;
+  int64_t blocks = 0;
+  for (int i = 0; i < count; ++i) {
+    batch.target[i] = targets[i];
+    blocks += (targets[i].rows + rows_per_block - 1) / rows_per_block;
+    if (blocks > INT32_MAX) throw std::invalid_argument("cuda::gemv: too many rows");
+    batch.block_end[i] = static_cast<unsigned>(blocks);
+  }
+  launch(gemv_kernel<Bits, NT>, static_cast<unsigned>(blocks), kGemvThreads, 0, s, batch, x,
+         lanes, gemv_detail::aligned16(x));
 }
 
 template <int Bits>
-void gemv_bits(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
-               float* y, cudaStream_t s) {
+void gemv_bits(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s) {
   switch (n) {
-    case 1: return launch_gemv<Bits, 1>(w, row_begin, rows, x, y, s);
-    case 2: return launch_gemv<Bits, 2>(w, row_begin, rows, x, y, s);
-    case 3: return launch_gemv<Bits, 3>(w, row_begin, rows, x, y, s);
-    case 4: return launch_gemv<Bits, 4>(w, row_begin, rows, x, y, s);
-    case 5: return launch_gemv<Bits, 5>(w, row_begin, rows, x, y, s);
-    case 6: return launch_gemv<Bits, 6>(w, row_begin, rows, x, y, s);
-    case 7: return launch_gemv<Bits, 7>(w, row_begin, rows, x, y, s);
-    case 8: return launch_gemv<Bits, 8>(w, row_begin, rows, x, y, s);
+    case 1: return launch_gemv<Bits, 1>(targets, count, x, s);
+    case 2: return launch_gemv<Bits, 2>(targets, count, x, s);
+    case 3: return launch_gemv<Bits, 3>(targets, count, x, s);
+    case 4: return launch_gemv<Bits, 4>(targets, count, x, s);
+    case 5: return launch_gemv<Bits, 5>(targets, count, x, s);
+    case 6: return launch_gemv<Bits, 6>(targets, count, x, s);
+    case 7: return launch_gemv<Bits, 7>(targets, count, x, s);
+    case 8: return launch_gemv<Bits, 8>(targets, count, x, s);
     default:
       throw std::invalid_argument("cuda::gemv: n = " + std::to_string(n) + " outside 1..8");
   }
@@ -121,6 +157,7 @@ constexpr int kEmbedThreads = 256;
 // ids [n] i32 (device); out [n, in] f32.
 __global__ void __launch_bounds__(kEmbedThreads)
     embed_kernel(QuantMatrix table, const int32_t* __restrict__ ids, float* __restrict__ out) {
+  grid_dependency_sync();
   const int64_t t = blockIdx.x;
   // Ids come from the host or from argmax on the device and are in range; the clamp only
   // keeps a corrupt id from reading outside the table.
@@ -196,6 +233,7 @@ __device__ __forceinline__ void block_best(float& v, int32_t& i) {
 __global__ void __launch_bounds__(kArgmaxThreads)
     argmax_partial_kernel(const float* __restrict__ logits, int64_t vocab, int64_t span,
                           float* __restrict__ part_v, int32_t* __restrict__ part_i) {
+  grid_dependency_sync();
   const int64_t t = blockIdx.x;
   const float* row = logits + t * vocab;
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * span;
@@ -230,6 +268,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 __global__ void __launch_bounds__(kArgmaxThreads)
     argmax_final_kernel(const float* __restrict__ part_v, const int32_t* __restrict__ part_i,
                         int parts, int32_t* __restrict__ out) {
+  grid_dependency_sync();
   const int64_t t = blockIdx.x;
   float best_v = NAN;
   int32_t best_i = INT32_MAX;
@@ -247,16 +286,34 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 
 }  // namespace
 
-void gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
-          float* y, cudaStream_t s) {
-  if (rows <= 0 || n <= 0) return;
-  if (w.bits == 4) {
-    gemv_bits<4>(w, row_begin, rows, x, n, y, s);
-  } else if (w.bits == 8) {
-    gemv_bits<8>(w, row_begin, rows, x, n, y, s);
+void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n,
+                cudaStream_t s) {
+  if (n <= 0 || count <= 0) return;
+  if (count > kMaxGemvTargets) {
+    throw std::invalid_argument("cuda::gemv_batch: more than " + std::to_string(kMaxGemvTargets) +
+                                " targets");
+  }
+  for (int i = 0; i < count; ++i) {
+    if (targets[i].rows <= 0 || targets[i].w.bits != targets[0].w.bits ||
+        targets[i].w.in != targets[0].w.in) {
+      throw std::invalid_argument(
+          "cuda::gemv_batch: targets need rows > 0 and one bit width and input width");
+    }
+  }
+  if (targets[0].w.bits == 4) {
+    gemv_bits<4>(targets, count, x, n, s);
+  } else if (targets[0].w.bits == 8) {
+    gemv_bits<8>(targets, count, x, n, s);
   } else {
     throw std::invalid_argument("cuda::gemv: bits must be 4 or 8");
   }
+}
+
+void gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
+          float* y, cudaStream_t s) {
+  if (rows <= 0 || n <= 0) return;
+  const GemvTarget target{w, row_begin, rows, y};
+  gemv_batch(&target, 1, x, n, s);
 }
 
 void embed(const QuantMatrix& table, const int32_t* ids, int64_t n, float* out, cudaStream_t s) {
@@ -264,8 +321,7 @@ void embed(const QuantMatrix& table, const int32_t* ids, int64_t n, float* out, 
   if (table.bits != 4 && table.bits != 8) {
     throw std::invalid_argument("cuda::embed: bits must be 4 or 8");
   }
-  embed_kernel<<<static_cast<unsigned>(n), kEmbedThreads, 0, s>>>(table, ids, out);
-  LILY_CUDA_LAUNCH_CHECK();
+  launch(embed_kernel, static_cast<unsigned>(n), kEmbedThreads, 0, s, table, ids, out);
 }
 
 void argmax(const float* logits, int64_t n, int64_t vocab, int32_t* out, Workspace& ws,
@@ -281,12 +337,10 @@ void argmax(const float* logits, int64_t n, int64_t vocab, int32_t* out, Workspa
   const size_t count = static_cast<size_t>(n * blocks);
   auto* part_v = static_cast<float*>(ws.get(kWsArgmax, count * (sizeof(float) + sizeof(int32_t))));
   auto* part_i = reinterpret_cast<int32_t*>(part_v + count);
-  argmax_partial_kernel<<<dim3(static_cast<unsigned>(n), static_cast<unsigned>(blocks)),
-                          kArgmaxThreads, 0, s>>>(logits, vocab, span, part_v, part_i);
-  LILY_CUDA_LAUNCH_CHECK();
-  argmax_final_kernel<<<static_cast<unsigned>(n), kArgmaxThreads, 0, s>>>(
-      part_v, part_i, static_cast<int>(blocks), out);
-  LILY_CUDA_LAUNCH_CHECK();
+  launch(argmax_partial_kernel, dim3(static_cast<unsigned>(n), static_cast<unsigned>(blocks)),
+         kArgmaxThreads, 0, s, logits, vocab, span, part_v, part_i);
+  launch(argmax_final_kernel, static_cast<unsigned>(n), kArgmaxThreads, 0, s, part_v, part_i,
+         static_cast<int>(blocks), out);
 }
 
 }  // namespace lily::cuda

@@ -125,6 +125,26 @@ TEST(BackendMatmul, StackedExpertRowsAreAddressedAsOneMatrix) {
   EXPECT_LT(f.normalised, kTol);
 }
 
+TEST(BackendMatmul, GroupRunsEveryTargetOnTheSameInput) {
+  Rng rng(57);
+  auto be = cpu(2);
+  const QuantWeight a(rng, 4, 1, 24, 128, 0, "a");
+  const QuantWeight b(rng, 8, 1, 5, 128, 1, "b");
+  for (int64_t n : {1, 3}) {
+    const std::vector<float> x = rng.uniform_vector(static_cast<size_t>(n) * 128, -2.0f, 2.0f);
+    std::vector<float> ya(static_cast<size_t>(n) * 16, 1e30f);
+    std::vector<float> yb(static_cast<size_t>(n) * 5, 1e30f);
+    const MatmulTarget targets[] = {{&a.view(), 8, 16, ya.data()}, {&b.view(), 0, 5, yb.data()}};
+    be->matmul_group(targets, x.data(), n);
+    const std::string label = "n=" + std::to_string(n);
+    EXPECT_LT(report("matmul_group", label + " a", ya, ref::matmul(a.view(), 8, 16, widen(x), n)).normalised, kTol);
+    EXPECT_LT(report("matmul_group", label + " b", yb, ref::matmul(b.view(), 0, 5, widen(x), n)).normalised, kTol);
+  }
+  const MatmulTarget null_weight[] = {{nullptr, 0, 1, nullptr}};
+  std::vector<float> x(128, 1.0f);
+  EXPECT_THROW(be->matmul_group(null_weight, x.data(), 1), std::invalid_argument);
+}
+
 TEST(BackendRmsNorm, RandomRowsBf16AndF32Gains) {
   Rng rng(21);
   auto be = cpu();

@@ -61,6 +61,34 @@ TEST(BackendExpertSwiglu, RoutedDecodeAndPrefill) {
   check_swiglu(*be, gate, up, rng, {2, 2, 4, 2}, false, 2, 2, "n=2 k=2 repeated id");
 }
 
+TEST(BackendExpertSwiglu, WithSharedMatchesBothParts) {
+  Rng rng(83);
+  auto be = cpu(2);
+  const QuantWeight gate(rng, 4, kExperts, kIntermediate, kHidden, 0, "experts_gate");
+  const QuantWeight up(rng, 4, kExperts, kIntermediate, kHidden, 0, "experts_up");
+  const QuantWeight sgate(rng, 4, 1, kShared, kHidden, 0, "shared_gate");
+  const QuantWeight sup(rng, 4, 1, kShared, kHidden, 0, "shared_up");
+  for (int64_t n : {1, 5}) {
+    const int64_t k = 3;
+    const std::vector<int32_t> ids = random_ids(rng, n, k);
+    const std::vector<float> x = rng.uniform_vector(static_cast<size_t>(n) * kHidden, -2.0f, 2.0f);
+    std::vector<float> h(static_cast<size_t>(n * k) * kIntermediate, 1e30f);
+    std::vector<float> sh(static_cast<size_t>(n) * kShared, 1e30f);
+    be->expert_swiglu_with_shared(gate.view(), up.view(), ids.data(), k, h.data(), sgate.view(),
+                                  sup.view(), sh.data(), x.data(), n);
+    const std::string label = "n=" + std::to_string(n);
+    EXPECT_LT(report("expert_swiglu_with_shared", label + " routed", h,
+                     ref::expert_swiglu(gate.view(), up.view(), widen(x), ids, n, k))
+                  .normalised,
+              kTol);
+    EXPECT_LT(report("expert_swiglu_with_shared", label + " shared", sh,
+                     ref::expert_swiglu(sgate.view(), sup.view(), widen(x),
+                                        std::span<const int32_t>(), n, 1))
+                  .normalised,
+              kTol);
+  }
+}
+
 TEST(BackendExpertSwiglu, NullIdsUseExpertZero) {
   Rng rng(82);
   auto be = cpu();
