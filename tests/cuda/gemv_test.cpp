@@ -136,6 +136,24 @@ TEST(CudaGemv, ManyRows) {
   check_matmul(*be, *host, w, 49'990, 11, 1, rng, "q4 [50001, 64] rows [49990, 50001) n=1");
 }
 
+TEST(CudaGemv, RowsPerSegmentFollowTheMatrixSize) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  auto host = cpu();
+  Rng rng(308);
+  // For n <= 2 the kernel takes 8 rows per lane segment, or 2 or 1 when 8 would leave fewer
+  // blocks than SMs: 8192 x 2048 (8 rows), 2048 x 4096 like out_proj (2 rows on an H200),
+  // 257 x 2048 like router | shared gate (1 row).
+  const QuantWeight big(rng, 4, 1, 8192, 2048, 0, "qkv_like");
+  const QuantWeight out(rng, 4, 1, 2048, 4096, 0, "out_proj_like");
+  const QuantWeight router(rng, 8, 1, 257, 2048, 0, "router_like");
+  for (int64_t n : {1, 2}) {
+    const std::string t = " n=" + std::to_string(n);
+    check_matmul(*be, *host, big, 0, 8192, n, rng, "q4 [8192, 2048]" + t);
+    check_matmul(*be, *host, out, 0, 2048, n, rng, "q4 [2048, 4096]" + t);
+    check_matmul(*be, *host, router, 0, 257, n, rng, "q8 [257, 2048]" + t);
+  }
+}
+
 TEST(CudaGemv, SeventeenTokensTakeTheOtherPath) {
   LILY_CUDA_BACKEND_OR_SKIP(be);
   auto host = cpu();

@@ -60,7 +60,7 @@ if has_stage profile; then
   ensure_full
   start=$(date +%s)
   # One metric needs one pass, so kernels are not replayed; graph nodes are profiled one by one.
-  timeout 300 ncu --clock-control none --metrics gpu__time_duration.sum --csv --page details \
+  timeout 300 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --page details \
     --launch-count "${LILY_NCU_KERNELS:-2400}" \
     "$lily" run --model "$ckpt" --prompt-ids 1,2,3,4,5,6 --max-tokens 4 --device cuda \
     >"$out/ncu-decode.csv" 2>"$out/ncu-decode.err" || echo "ncu: rc $?"

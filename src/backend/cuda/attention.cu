@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kPrepareWarps * 32)
     prepare_kernel(float* qg, float* k, const float* q_norm, const float* k_norm, int q_heads,
                    int kv_heads, int rotary_dim, RopeFreqs freqs, int64_t pos_host,
                    const int32_t* pos_device, int64_t n, float eps) {
-  grid_dependency_sync();
+  grid_dependency_wait();
   constexpr int kPer = D / 32;
   __shared__ float buf[kPrepareWarps][D];
   const int warp = threadIdx.x >> 5;
@@ -149,7 +149,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
                         float* v_cache, int64_t capacity, int q_heads, int kv_heads, int group,
                         int64_t pos_host, const int32_t* pos_device, int splits, float scale,
                         float* part_o, float* part_ml) {
-  grid_dependency_sync();
+  grid_dependency_wait();
   using Slice = LaneSlice<D>;
   constexpr int kPer = Slice::kPer;
   __shared__ float s_m[kDecodeWarps][G];
@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(D)
     decode_combine_kernel(const float* qg, int64_t capacity, int G, int64_t pos_host,
                           const int32_t* pos_device, int splits, const float* part_o,
                           const float* part_ml, float* out) {
-  grid_dependency_sync();
+  grid_dependency_wait();
   const int h = blockIdx.x;
   const int d = threadIdx.x;
   const int64_t P = read_position(pos_host, pos_device);

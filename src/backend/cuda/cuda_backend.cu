@@ -32,7 +32,7 @@ constexpr size_t kAlign = 256;
 size_t round_up(size_t bytes) { return (bytes + kAlign - 1) / kAlign * kAlign; }
 
 __global__ void add_i32_kernel(int32_t* value, int32_t delta) {
-  cuda::grid_dependency_sync();
+  cuda::grid_dependency_wait();
   *value += delta;
 }
 

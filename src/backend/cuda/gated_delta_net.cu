@@ -38,7 +38,7 @@ __global__ void __launch_bounds__(kConvThreads, 1)
     conv1d_silu_kernel(const float* __restrict__ mixed, float* __restrict__ window,
                        const float* __restrict__ weight, int64_t C, int n, bool write_window,
                        float* __restrict__ out) {
-  grid_dependency_sync();
+  grid_dependency_wait();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kConvThreads + threadIdx.x;
   if (c >= C) return;
   const int t0 = static_cast<int>(blockIdx.y) * kConvTile;
@@ -147,7 +147,7 @@ __global__ void __launch_bounds__(CG * L, 1)
                             const float* __restrict__ b_in, const float* __restrict__ a_log,
                             const float* __restrict__ dt_bias, float* __restrict__ state, int Hk,
                             int Hv, int Dv, int n, float q_scale, float* __restrict__ out) {
-  grid_dependency_sync();
+  grid_dependency_wait();
   constexpr int kThreads = CG * L;
   constexpr int kWarps = kThreads / 32;
   constexpr int R = Dk / L;          // state rows per lane

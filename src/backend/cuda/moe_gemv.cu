@@ -50,7 +50,7 @@ template <int BitsG, int BitsU>
 __global__ void __launch_bounds__(kMoeThreads)
     swiglu_kernel(SwigluSet routed, SwigluSet shared, const float* __restrict__ x, int lanes,
                   bool x_vec) {
-  grid_dependency_sync();
+  grid_dependency_wait();
   constexpr int R = kSwigluRows;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int li = lane & (lanes - 1);
@@ -136,6 +136,7 @@ __global__ void __launch_bounds__(kMoeThreads)
       u[i] = ua[i][0];
     }
   }
+  allow_dependent_launch();
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     const float gv = gemv_detail::segment_sum(g[i], lanes);
@@ -178,7 +179,7 @@ __global__ void __launch_bounds__(kMoeThreads)
                         int64_t k, QuantMatrix shared_down, const float* __restrict__ shared_h,
                         const float* __restrict__ shared_logit, float* __restrict__ out,
                         bool x_vec) {
-  grid_dependency_sync();
+  grid_dependency_wait();
   constexpr int R = kDownRows;
   constexpr int U = kDownUnroll;
   using CD = Chunk<BitsD>;
@@ -264,6 +265,7 @@ __global__ void __launch_bounds__(kMoeThreads)
       for (int i = 0; i < R; ++i) acc[i] = fmaf(weight[u], dot[i][0], acc[i]);
     }
   }
+  allow_dependent_launch();
 #pragma unroll
   for (int i = 0; i < R; ++i) {
     const float v = warp_sum(acc[i]);

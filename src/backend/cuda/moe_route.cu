@@ -28,7 +28,7 @@ template <int M>  // experts per lane: experts <= 32 * M
 __global__ void __launch_bounds__(kRowsPerBlock * 32, 1)
     moe_route_kernel(const float* __restrict__ logits, int64_t n, int E, int k,
                      int32_t* __restrict__ ids, float* __restrict__ weights) {
-  grid_dependency_sync();
+  grid_dependency_wait();
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= n) return;  // whole warps leave together
   const int lane = static_cast<int>(threadIdx.x & 31);

@@ -29,7 +29,7 @@ template <NormKind kKind>
 __global__ void __launch_bounds__(kBlockThreads)
     norm_warp_kernel(float* x, const float* delta, const float* z, const float* gain,
                      int64_t rows, int64_t dim, float eps, float* out) {
-  grid_dependency_sync();
+  grid_dependency_wait();
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;
@@ -71,7 +71,7 @@ template <NormKind kKind>
 __global__ void __launch_bounds__(kBlockThreads)
     norm_block_kernel(float* x, const float* delta, const float* z, const float* gain,
                       int64_t dim, float eps, float* out) {
-  grid_dependency_sync();
+  grid_dependency_wait();
   __shared__ float partial[kWarpsPerBlock];
   __shared__ float total;
   const int64_t row = blockIdx.x;
@@ -125,7 +125,7 @@ template <NormKind kKind, int V>
 __global__ void __launch_bounds__(kBlockThreads)
     norm_vec_kernel(float* x, const float* __restrict__ delta, const float* __restrict__ z,
                     const float* __restrict__ gain, int64_t dim, float eps, float* out) {
-  grid_dependency_sync();
+  grid_dependency_wait();
   const int64_t row = blockIdx.x;
   const int64_t quads = dim / 4;
   auto* xr = reinterpret_cast<float4*>(x + row * dim);

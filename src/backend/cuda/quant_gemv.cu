@@ -31,6 +31,10 @@ constexpr int kGemvThreads = 128;
 // 101 with 2).
 template <int NT>
 inline constexpr int kGemvRows = NT <= 2 ? 8 : 4;
+// Unless that leaves the GPU idle: a small matrix (the router's 257 rows, or 2048 rows of
+// 4096 inputs, 64 blocks at 8 rows) takes fewer rows per segment so that it spreads over at
+// least one block per SM (each lane then walks fewer rows; the activations serve fewer rows
+// per load, which costs little at these sizes).
 // Chunks per lane loaded before any is used (kGemvRows loads are already in flight).
 inline constexpr int kGemvUnroll = 1;
 // At most 128 registers for n <= 2 (4 blocks, 16 warps per SM: enough loads in flight);
@@ -48,10 +52,9 @@ struct GemvBatch {
 
 // For each target: y[t, r] = W[row_begin + r] . x[t] for r < rows, t < NT.
 // x [NT, in] f32 (every target has the same `in`); y [NT, rows] f32 per target.
-template <int Bits, int NT>
+template <int Bits, int NT, int kRows>
 __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
     gemv_kernel(GemvBatch batch, const float* __restrict__ x, int lanes, bool x_vec) {
-  constexpr int kRows = kGemvRows<NT>;
   // This block's target, selected with constant indices (a dynamic index into the kernel
   // parameters would copy them to local memory).
   GemvTarget target = batch.target[0];
@@ -88,23 +91,26 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
     biases[i] = w.biases + row * groups;
   }
   // Weights do not depend on the previous kernel: start pulling this lane's share into L2
-  // while that kernel finishes (see grid_dependency_sync).
+  // while that kernel finishes (see grid_dependency_wait).
   if (live) {
     for (int c = lane & (lanes - 1); c < chunks; c += lanes) {
 #pragma unroll
       for (int i = 0; i < kRows; ++i) prefetch_l2(codes[i] + 4 * c);
     }
   }
-  grid_dependency_sync();
-  if (!live) return;
+  grid_dependency_wait();
+  if (!live) return;  // after the wait: see grid_dependency_wait
 
   const float* xs[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) xs[t] = x + t * w.in;
 
   float acc[kRows][NT] = {};
-  gemv_detail::rows_dot<Bits, kRows, NT, kGemvUnroll>(codes, scales, biases, xs, x_vec, chunks,
+  // Fewer rows per segment, more chunks per lane in flight: about 8 16-byte loads either way.
+  constexpr int kUnroll = kRows >= 8 ? kGemvUnroll : 8 / kRows;
+  gemv_detail::rows_dot<Bits, kRows, NT, kUnroll>(codes, scales, biases, xs, x_vec, chunks,
                                                       lane & (lanes - 1), lanes, acc);
+  allow_dependent_launch();
 
 #pragma unroll
   for (int i = 0; i < kRows; ++i) {
@@ -116,10 +122,21 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
   }
 }
 
-template <int Bits, int NT>
-void launch_gemv(const GemvTarget* targets, int count, const float* x, cudaStream_t s) {
+int sm_count() {
+  static const int count = [] {
+    int device = 0;
+    int sms = 0;
+    LILY_CUDA_CHECK(cudaGetDevice(&device));
+    LILY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    return sms;
+  }();
+  return count;
+}
+
+template <int Bits, int NT, int kRows>
+void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, cudaStream_t s) {
   const int lanes = gemv_detail::lanes_for_chunks(targets[0].w.in / Chunk<Bits>::kValues);
-  const int64_t rows_per_block = (kGemvThreads / 32) * (32 / lanes) * kGemvRows<NT>;
+  const int64_t rows_per_block = (kGemvThreads / 32) * (32 / lanes) * kRows;
   GemvBatch batch;
   batch.count = count;
   int64_t blocks = 0;
@@ -129,8 +146,24 @@ void launch_gemv(const GemvTarget* targets, int count, const float* x, cudaStrea
     if (blocks > INT32_MAX) throw std::invalid_argument("cuda::gemv: too many rows");
     batch.block_end[i] = static_cast<unsigned>(blocks);
   }
-  launch(gemv_kernel<Bits, NT>, static_cast<unsigned>(blocks), kGemvThreads, 0, s, batch, x,
-         lanes, gemv_detail::aligned16(x));
+  launch(gemv_kernel<Bits, NT, kRows>, static_cast<unsigned>(blocks), kGemvThreads, 0, s, batch,
+         x, lanes, gemv_detail::aligned16(x));
+}
+
+template <int Bits, int NT>
+void launch_gemv(const GemvTarget* targets, int count, const float* x, cudaStream_t s) {
+  if constexpr (kGemvRows<NT> == 8) {
+    const int lanes = gemv_detail::lanes_for_chunks(targets[0].w.in / Chunk<Bits>::kValues);
+    const int64_t segments_per_block = (kGemvThreads / 32) * (32 / lanes);
+    int64_t rows = 0;
+    for (int i = 0; i < count; ++i) rows += targets[i].rows;
+    const auto blocks_at = [&](int r) { return (rows + segments_per_block * r - 1) / (segments_per_block * r); };
+    if (blocks_at(8) < sm_count()) {
+      if (blocks_at(2) >= sm_count()) return launch_gemv_rows<Bits, NT, 2>(targets, count, x, s);
+      return launch_gemv_rows<Bits, NT, 1>(targets, count, x, s);
+    }
+  }
+  launch_gemv_rows<Bits, NT, kGemvRows<NT>>(targets, count, x, s);
 }
 
 template <int Bits>
@@ -157,7 +190,7 @@ constexpr int kEmbedThreads = 256;
 // ids [n] i32 (device); out [n, in] f32.
 __global__ void __launch_bounds__(kEmbedThreads)
     embed_kernel(QuantMatrix table, const int32_t* __restrict__ ids, float* __restrict__ out) {
-  grid_dependency_sync();
+  grid_dependency_wait();
   const int64_t t = blockIdx.x;
   // Ids come from the host or from argmax on the device and are in range; the clamp only
   // keeps a corrupt id from reading outside the table.
@@ -233,7 +266,7 @@ __device__ __forceinline__ void block_best(float& v, int32_t& i) {
 __global__ void __launch_bounds__(kArgmaxThreads)
     argmax_partial_kernel(const float* __restrict__ logits, int64_t vocab, int64_t span,
                           float* __restrict__ part_v, int32_t* __restrict__ part_i) {
-  grid_dependency_sync();
+  grid_dependency_wait();
   const int64_t t = blockIdx.x;
   const float* row = logits + t * vocab;
   const int64_t begin = static_cast<int64_t>(blockIdx.y) * span;
@@ -268,7 +301,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 __global__ void __launch_bounds__(kArgmaxThreads)
     argmax_final_kernel(const float* __restrict__ part_v, const int32_t* __restrict__ part_i,
                         int parts, int32_t* __restrict__ out) {
-  grid_dependency_sync();
+  grid_dependency_wait();
   const int64_t t = blockIdx.x;
   float best_v = NAN;
   int32_t best_i = INT32_MAX;
