@@ -46,11 +46,17 @@ struct SwigluSet {
 // launch for both. Both sets have the same code widths and input width (x [n, in] f32).
 // A warp's segments may fall in different sets, so the set is chosen field by field (no
 // divergent branch around the shuffles).
-template <int BitsG, int BitsU>
+// kShared (only with BitsG == BitsU): x [n, in] is staged in shared memory (n * in * 4 bytes).
+template <int BitsG, int BitsU, bool kShared>
 __global__ void __launch_bounds__(kMoeThreads)
-    swiglu_kernel(SwigluSet routed, SwigluSet shared, const float* __restrict__ x, int lanes,
-                  bool x_vec) {
+    swiglu_kernel(SwigluSet routed, SwigluSet shared, const float* __restrict__ x, int64_t n,
+                  int lanes, bool x_vec) {
   grid_dependency_wait();
+  extern __shared__ float4 staged[];
+  if constexpr (kShared) {
+    gemv_detail::stage_acts<BitsG>(x, n * routed.gate.in, x_vec, 0, staged);
+    __syncthreads();
+  }
   constexpr int R = kSwigluRows;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int li = lane & (lanes - 1);
@@ -76,7 +82,6 @@ __global__ void __launch_bounds__(kMoeThreads)
   const int64_t slot = unit / tiles;
   const int64_t i0 = (unit % tiles) * R;
   const int64_t e = expert_at(ids, slot, gate.experts);
-  const float* xs[1] = {x + (slot / k) * gate.in};
 
   const int64_t words_g = gate.in * BitsG / 32;
   const int64_t words_u = up.in * BitsU / 32;
@@ -101,8 +106,15 @@ __global__ void __launch_bounds__(kMoeThreads)
       biases[R + i] = up.biases + row * groups;
     }
     float acc[2 * R][1] = {};
-    gemv_detail::rows_dot<BitsG, 2 * R, 1, kSwigluUnroll>(codes, scales, biases, xs, x_vec,
-                                                          chunks_g, li, lanes, acc);
+    const int64_t row_chunk[1] = {(slot / k) * chunks_g};
+    if constexpr (kShared) {
+      gemv_detail::rows_dot<BitsG, 2 * R, 1, kSwigluUnroll>(
+          codes, scales, biases, gemv_detail::SharedActs{staged}, row_chunk, chunks_g, li, lanes, acc);
+    } else {
+      gemv_detail::rows_dot<BitsG, 2 * R, 1, kSwigluUnroll>(
+          codes, scales, biases, gemv_detail::GlobalActs{x, x_vec}, row_chunk, chunks_g, li, lanes,
+          acc);
+    }
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       g[i] = acc[i][0];
@@ -128,8 +140,13 @@ __global__ void __launch_bounds__(kMoeThreads)
     }
     float ga[R][1] = {};
     float ua[R][1] = {};
-    gemv_detail::rows_dot<BitsG, R, 1, kSwigluUnroll>(gc, gs, gb, xs, x_vec, chunks_g, li, lanes, ga);
-    gemv_detail::rows_dot<BitsU, R, 1, kSwigluUnroll>(uc, us, ub, xs, x_vec, chunks_u, li, lanes, ua);
+    const gemv_detail::GlobalActs acts{x, x_vec};
+    const int64_t row_chunk_g[1] = {(slot / k) * chunks_g};
+    const int64_t row_chunk_u[1] = {(slot / k) * chunks_u};
+    gemv_detail::rows_dot<BitsG, R, 1, kSwigluUnroll>(gc, gs, gb, acts, row_chunk_g, chunks_g, li,
+                                                      lanes, ga);
+    gemv_detail::rows_dot<BitsU, R, 1, kSwigluUnroll>(uc, us, ub, acts, row_chunk_u, chunks_u, li,
+                                                      lanes, ua);
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       g[i] = ga[i][0];
@@ -156,8 +173,16 @@ void launch_swiglu(const SwigluSet& routed, const SwigluSet& shared, const float
                         shared.slots * ((shared.gate.out + kSwigluRows - 1) / kSwigluRows);
   const int64_t units_per_block = (kMoeThreads / 32) * (32 / lanes);
   const int64_t blocks = (units + units_per_block - 1) / units_per_block;
-  launch(swiglu_kernel<BitsG, BitsU>, static_cast<unsigned>(blocks), kMoeThreads, 0, s, routed,
-         shared, x, lanes, gemv_detail::aligned16(x));
+  const int64_t n = routed.slots / routed.k;
+  const size_t act_bytes = static_cast<size_t>(n) * routed.gate.in * sizeof(float);
+  if constexpr (BitsG == BitsU) {
+    if (act_bytes <= gemv_detail::kMaxStagedBytes) {
+      return launch(swiglu_kernel<BitsG, BitsU, true>, static_cast<unsigned>(blocks), kMoeThreads,
+                    act_bytes, s, routed, shared, x, n, lanes, gemv_detail::aligned16(x));
+    }
+  }
+  launch(swiglu_kernel<BitsG, BitsU, false>, static_cast<unsigned>(blocks), kMoeThreads, 0, s,
+         routed, shared, x, n, lanes, gemv_detail::aligned16(x));
 }
 
 // ---- expert_down_combine_gemv -------------------------------------------------------------
@@ -172,7 +197,9 @@ constexpr int kDownRows = 2;
 constexpr int kDownUnroll = 4;
 
 // h [n * k, I]; ids, weights [n * k]; shared_h [n, S]; shared_logit [n]; out [n, H].
-template <int BitsD, int BitsS>
+// kShared (only with BitsD == BitsS): h then shared_h are staged in shared memory,
+// (n * k * I + n * S) * 4 bytes; shared_h's chunks follow h's.
+template <int BitsD, int BitsS, bool kShared>
 __global__ void __launch_bounds__(kMoeThreads)
     down_combine_kernel(QuantMatrix down, const float* __restrict__ h,
                         const int32_t* __restrict__ ids, const float* __restrict__ weights,
@@ -184,6 +211,17 @@ __global__ void __launch_bounds__(kMoeThreads)
   constexpr int U = kDownUnroll;
   using CD = Chunk<BitsD>;
   using CS = Chunk<BitsS>;
+  const int64_t I = down.in;
+  const int64_t S = shared_down.in;
+  const int64_t cd = I / CD::kValues;  // chunks per routed row
+  const int64_t cs = S / CS::kValues;  // chunks per shared row
+  const int64_t n = gridDim.y;
+  extern __shared__ float4 staged[];
+  if constexpr (kShared) {
+    gemv_detail::stage_acts<BitsD>(h, n * k * I, x_vec, 0, staged);
+    gemv_detail::stage_acts<BitsS>(shared_h, n * S, x_vec, n * k * cd, staged);
+    __syncthreads();
+  }
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int64_t t = blockIdx.y;
   const int64_t H = down.out;
@@ -193,30 +231,28 @@ __global__ void __launch_bounds__(kMoeThreads)
 #pragma unroll
   for (int i = 0; i < R; ++i) r[i] = r0 + i < H ? r0 + i : H - 1;  // tail rows: never stored
 
-  const int64_t I = down.in;
-  const int64_t S = shared_down.in;
   const int64_t words_d = I * BitsD / 32;
   const int64_t groups_d = I / kGroupSize;
   const int64_t words_s = S * BitsS / 32;
   const int64_t groups_s = S / kGroupSize;
-  const int64_t cd = I / CD::kValues;  // chunks per routed row
-  const int64_t cs = S / CS::kValues;  // chunks per shared row
   const int64_t routed = k * cd;
   const int64_t items = routed + cs;
   const float gate = sigmoidf_(shared_logit[t]);
+  // The shared expert's flat chunk 0 for token t: after h's chunks when staged together.
+  const int64_t shared_chunk0 = (kShared ? n * k * cd : 0) + t * cs;
 
   float acc[R] = {};
   for (int64_t base = lane; base < items; base += 32 * U) {
     uint4 q[U][R];
     float sc[U][R];
     float bi[U][R];
-    const float* xp[U];
+    int64_t chunk[U];
     float weight[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int64_t item = base + u * 32;
       weight[u] = 0.0f;
-      xp[u] = nullptr;
+      chunk[u] = 0;
 #pragma unroll
       for (int i = 0; i < R; ++i) {
         q[u][i] = make_uint4(0, 0, 0, 0);
@@ -229,7 +265,7 @@ __global__ void __launch_bounds__(kMoeThreads)
         const int64_t slot = t * k + j;
         const int64_t e = expert_at(ids, slot, down.experts);
         weight[u] = __ldg(weights + slot);
-        xp[u] = h + slot * I + c * CD::kValues;
+        chunk[u] = slot * cd + c;
 #pragma unroll
         for (int i = 0; i < R; ++i) {
           const int64_t row = e * H + r[i];
@@ -240,7 +276,7 @@ __global__ void __launch_bounds__(kMoeThreads)
       } else if (item < items) {
         const int64_t c = item - routed;
         weight[u] = gate;
-        xp[u] = shared_h + t * S + c * CS::kValues;
+        chunk[u] = shared_chunk0 + c;
 #pragma unroll
         for (int i = 0; i < R; ++i) {
           const int64_t row = r[i];
@@ -255,11 +291,22 @@ __global__ void __launch_bounds__(kMoeThreads)
       const int64_t item = base + u * 32;
       if (item >= items) continue;
       float dot[R][1] = {};
-      const float* xs[1] = {xp[u]};
-      if (item < routed) {
-        gemv_detail::chunk_dot<BitsD, R, 1>(q[u], sc[u], bi[u], xs, x_vec, dot);
+      const int64_t at[1] = {chunk[u]};
+      if constexpr (kShared) {
+        const gemv_detail::SharedActs acts{staged};
+        if (item < routed) {
+          gemv_detail::chunk_dot<BitsD, R, 1>(q[u], sc[u], bi[u], acts, at, dot);
+        } else {
+          gemv_detail::chunk_dot<BitsS, R, 1>(q[u], sc[u], bi[u], acts, at, dot);
+        }
       } else {
-        gemv_detail::chunk_dot<BitsS, R, 1>(q[u], sc[u], bi[u], xs, x_vec, dot);
+        if (item < routed) {
+          gemv_detail::chunk_dot<BitsD, R, 1>(q[u], sc[u], bi[u], gemv_detail::GlobalActs{h, x_vec},
+                                              at, dot);
+        } else {
+          gemv_detail::chunk_dot<BitsS, R, 1>(q[u], sc[u], bi[u],
+                                              gemv_detail::GlobalActs{shared_h, x_vec}, at, dot);
+        }
       }
 #pragma unroll
       for (int i = 0; i < R; ++i) acc[i] = fmaf(weight[u], dot[i][0], acc[i]);
@@ -281,8 +328,15 @@ void launch_down(const QuantMatrix& down, const float* h, const int32_t* ids,
   const dim3 grid(static_cast<unsigned>((down.out + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(n));
   const bool x_vec = gemv_detail::aligned16(h) && gemv_detail::aligned16(shared_h);
-  launch(down_combine_kernel<BitsD, BitsS>, grid, kMoeThreads, 0, s, down, h, ids, weights, k,
-         shared_down, shared_h, shared_logit, out, x_vec);
+  const size_t act_bytes = static_cast<size_t>(n * k * down.in + n * shared_down.in) * sizeof(float);
+  if constexpr (BitsD == BitsS) {
+    if (act_bytes <= gemv_detail::kMaxStagedBytes) {
+      return launch(down_combine_kernel<BitsD, BitsS, true>, grid, kMoeThreads, act_bytes, s, down,
+                    h, ids, weights, k, shared_down, shared_h, shared_logit, out, x_vec);
+    }
+  }
+  launch(down_combine_kernel<BitsD, BitsS, false>, grid, kMoeThreads, 0, s, down, h, ids, weights,
+         k, shared_down, shared_h, shared_logit, out, x_vec);
 }
 
 void check_bits(int bits, const char* op) {

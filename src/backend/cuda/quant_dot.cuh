@@ -90,15 +90,81 @@ __device__ __forceinline__ void decode_word(uint32_t word, float (&q)[32 / Bits]
   }
 }
 
+// ---- activations ----------------------------------------------------------------------
+// The kernels read activations as "flat chunks": chunk c of an f32 array is its values
+// c * kValues .. c * kValues + kValues - 1, so token t's chunk j of a row of `in` values is
+// t * (in / kValues) + j. Two sources give the values of one code word of a chunk:
+//
+// GlobalActs reads them from global memory through L1. Each lane of a warp reads a different
+// chunk, so one float4 load touches 32 cache lines: 32 L1 wavefronts per instruction, which
+// bounds a GEMV that serves few rows per activation load (measured on an H200: a 2048 x 4096
+// Q4 GEMV with 2 rows per lane ran at 0.5 TB/s).
+struct GlobalActs {
+  const float* x;
+  bool vec;  // x is 16-byte aligned
+  template <int Bits, int P>
+  __device__ __forceinline__ void load(int64_t chunk, int w, float (&xw)[P]) const {
+    load_x<P>(x + chunk * Chunk<Bits>::kValues + w * P, vec, xw);
+  }
+};
+
+// Activations staged per block at most (the default dynamic shared memory limit).
+inline constexpr size_t kMaxStagedBytes = 48 * 1024;
+
+// SharedActs reads them from the block's copy in shared memory, staged once per block by
+// stage_acts with a swizzle: float4 m of chunk c sits at c * F + (m ^ (c % F)), F = float4s
+// per chunk. Lanes reading float4 m of consecutive chunks then hit distinct bank groups, so
+// a warp's load takes the minimum 4 wavefronts instead of 32.
+template <int Bits>
+__device__ __forceinline__ int64_t swizzled_float4(int64_t chunk, int m) {
+  constexpr int F = Chunk<Bits>::kValues / 4;  // 8 (Q4), 4 (Q8)
+  return chunk * F + (m ^ static_cast<int>(chunk & (F - 1)));
+}
+
+struct SharedActs {
+  const float4* xs;
+  template <int Bits, int P>
+  __device__ __forceinline__ void load(int64_t chunk, int w, float (&xw)[P]) const {
+    constexpr int kPerWord = P / 4;  // float4s per code word: 2 (Q4), 1 (Q8)
+#pragma unroll
+    for (int i = 0; i < kPerWord; ++i) {
+      const float4 v = xs[swizzled_float4<Bits>(chunk, w * kPerWord + i)];
+      xw[4 * i + 0] = v.x;
+      xw[4 * i + 1] = v.y;
+      xw[4 * i + 2] = v.z;
+      xw[4 * i + 3] = v.w;
+    }
+  }
+};
+
+// Copies `count` activations (a multiple of the chunk size) from src into the block's shared
+// copy at dst, from flat chunk `first_chunk` on, swizzled for SharedActs. Every thread of the
+// block calls it; the caller syncs the block before reading.
+template <int Bits>
+__device__ __forceinline__ void stage_acts(const float* src, int64_t count, bool vec,
+                                           int64_t first_chunk, float4* dst) {
+  constexpr int F = Chunk<Bits>::kValues / 4;
+  for (int64_t f = threadIdx.x; f < count / 4; f += blockDim.x) {
+    float4 v;
+    if (vec) {
+      v = __ldg(reinterpret_cast<const float4*>(src) + f);
+    } else {
+      v = make_float4(__ldg(src + 4 * f), __ldg(src + 4 * f + 1), __ldg(src + 4 * f + 2),
+                      __ldg(src + 4 * f + 3));
+    }
+    dst[swizzled_float4<Bits>(first_chunk + f / F, static_cast<int>(f % F))] = v;
+  }
+}
+
 // acc[i][t] += row_i(chunk) . x_t(chunk) for R rows and NT inputs of one chunk, using
 // s * sum(q x) + b * sum(x) per row (the chunk lies in one group): the inner loop is one
 // extraction per code and one FMA per (code, input). Each code word is decoded once and used
 // for all NT inputs; each activation is loaded once and used for all R rows.
-// q, s, b: the rows' codes, scales, biases; x[t] points at the chunk's first activation.
-template <int Bits, int R, int NT>
+// q, s, b: the rows' codes, scales, biases; chunk[t]: input t's flat chunk in `acts`.
+template <int Bits, int R, int NT, typename Acts>
 __device__ __forceinline__ void chunk_dot(const uint4 (&q)[R], const float (&s)[R],
-                                          const float (&b)[R], const float* const (&x)[NT],
-                                          bool x_vec, float (&acc)[R][NT]) {
+                                          const float (&b)[R], const Acts& acts,
+                                          const int64_t (&chunk)[NT], float (&acc)[R][NT]) {
   constexpr int kPerWord = Chunk<Bits>::kPerWord;
   float d[R][NT];
   float xsum[NT];
@@ -113,7 +179,7 @@ __device__ __forceinline__ void chunk_dot(const uint4 (&q)[R], const float (&s)[
     float xw[NT][kPerWord];
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      load_x<kPerWord>(x[t] + w * kPerWord, x_vec, xw[t]);
+      acts.template load<Bits, kPerWord>(chunk[t], w, xw[t]);
 #pragma unroll
       for (int j = 0; j < kPerWord; ++j) xsum[t] += xw[t][j];
     }
@@ -145,14 +211,15 @@ __device__ __forceinline__ float segment_sum(float v, int lanes) {
 }
 
 // Partial dots of R rows with NT inputs over the chunks c = first, first + stride, ... < chunks.
-// codes/scales/biases[i]: row i's first code word, scale and bias; x[t]: input t's first value.
+// codes/scales/biases[i]: row i's first code word, scale and bias; row_chunk[t]: input t's
+// flat chunk 0 in `acts`.
 // U chunks are loaded before any is used, so each lane keeps U * R 16-byte loads in flight.
-template <int Bits, int R, int NT, int U>
+template <int Bits, int R, int NT, int U, typename Acts>
 __device__ __forceinline__ void rows_dot(const uint32_t* const (&codes)[R],
                                          const __nv_bfloat16* const (&scales)[R],
                                          const __nv_bfloat16* const (&biases)[R],
-                                         const float* const (&x)[NT], bool x_vec, int chunks,
-                                         int first, int stride, float (&acc)[R][NT]) {
+                                         const Acts& acts, const int64_t (&row_chunk)[NT],
+                                         int chunks, int first, int stride, float (&acc)[R][NT]) {
   using C = Chunk<Bits>;
   for (int c0 = first; c0 < chunks; c0 += U * stride) {
     uint4 q[U][R];
@@ -178,10 +245,10 @@ __device__ __forceinline__ void rows_dot(const uint32_t* const (&codes)[R],
     for (int u = 0; u < U; ++u) {
       const int c = c0 + u * stride;
       if (c < chunks) {
-        const float* xc[NT];
+        int64_t chunk[NT];
 #pragma unroll
-        for (int t = 0; t < NT; ++t) xc[t] = x[t] + c * C::kValues;
-        chunk_dot<Bits, R, NT>(q[u], s[u], b[u], xc, x_vec, acc);
+        for (int t = 0; t < NT; ++t) chunk[t] = row_chunk[t] + c;
+        chunk_dot<Bits, R, NT>(q[u], s[u], b[u], acts, chunk, acc);
       }
     }
   }

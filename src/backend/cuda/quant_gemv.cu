@@ -52,7 +52,9 @@ struct GemvBatch {
 
 // For each target: y[t, r] = W[row_begin + r] . x[t] for r < rows, t < NT.
 // x [NT, in] f32 (every target has the same `in`); y [NT, rows] f32 per target.
-template <int Bits, int NT, int kRows>
+// kShared: x [NT, in] is staged in shared memory (gemv_detail::SharedActs), NT * in * 4 bytes
+// of dynamic shared memory.
+template <int Bits, int NT, int kRows, bool kShared>
 __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
     gemv_kernel(GemvBatch batch, const float* __restrict__ x, int lanes, bool x_vec) {
   // This block's target, selected with constant indices (a dynamic index into the kernel
@@ -99,17 +101,26 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
     }
   }
   grid_dependency_wait();
-  if (!live) return;  // after the wait: see grid_dependency_wait
-
-  const float* xs[NT];
+  int64_t row_chunk[NT];
 #pragma unroll
-  for (int t = 0; t < NT; ++t) xs[t] = x + t * w.in;
-
+  for (int t = 0; t < NT; ++t) row_chunk[t] = static_cast<int64_t>(t) * chunks;
   float acc[kRows][NT] = {};
   // Fewer rows per segment, more chunks per lane in flight: about 8 16-byte loads either way.
   constexpr int kUnroll = kRows >= 8 ? kGemvUnroll : 8 / kRows;
-  gemv_detail::rows_dot<Bits, kRows, NT, kUnroll>(codes, scales, biases, xs, x_vec, chunks,
-                                                      lane & (lanes - 1), lanes, acc);
+  if constexpr (kShared) {
+    extern __shared__ float4 staged[];
+    gemv_detail::stage_acts<Bits>(x, NT * w.in, x_vec, 0, staged);
+    __syncthreads();
+    if (!live) return;  // after the wait and the block's sync
+    gemv_detail::rows_dot<Bits, kRows, NT, kUnroll>(codes, scales, biases,
+                                                    gemv_detail::SharedActs{staged}, row_chunk,
+                                                    chunks, lane & (lanes - 1), lanes, acc);
+  } else {
+    if (!live) return;  // after the wait: see grid_dependency_wait
+    gemv_detail::rows_dot<Bits, kRows, NT, kUnroll>(codes, scales, biases,
+                                                    gemv_detail::GlobalActs{x, x_vec}, row_chunk,
+                                                    chunks, lane & (lanes - 1), lanes, acc);
+  }
   allow_dependent_launch();
 
 #pragma unroll
@@ -146,8 +157,19 @@ void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, cuda
     if (blocks > INT32_MAX) throw std::invalid_argument("cuda::gemv: too many rows");
     batch.block_end[i] = static_cast<unsigned>(blocks);
   }
-  launch(gemv_kernel<Bits, NT, kRows>, static_cast<unsigned>(blocks), kGemvThreads, 0, s, batch,
-         x, lanes, gemv_detail::aligned16(x));
+  // Activations go through shared memory when they fit the default 48 KB (decode: 8 or 16 KB).
+  // (Only for n <= 2: more tokens already serve each activation load several times.)
+  const size_t act_bytes = static_cast<size_t>(NT) * targets[0].w.in * sizeof(float);
+  if constexpr (NT <= 2) {
+    if (act_bytes <= gemv_detail::kMaxStagedBytes) {
+      return launch(gemv_kernel<Bits, NT, kRows, true>, static_cast<unsigned>(blocks),
+                    kGemvThreads, act_bytes, s, batch, x, lanes, gemv_detail::aligned16(x));
+    }
+  }
+  {
+    launch(gemv_kernel<Bits, NT, kRows, false>, static_cast<unsigned>(blocks), kGemvThreads, 0, s,
+           batch, x, lanes, gemv_detail::aligned16(x));
+  }
 }
 
 template <int Bits, int NT>
