@@ -20,6 +20,15 @@ void Backend::expert_swiglu_with_shared(const QuantView& gate, const QuantView& 
   expert_swiglu(shared_gate, shared_up, x, nullptr, n, 1, shared_h);
 }
 
+void Backend::route_expert_swiglu(const float* router_logits, int64_t experts, int64_t k,
+                                  int32_t* ids, float* weights, const QuantView& gate,
+                                  const QuantView& up, float* h, const QuantView& shared_gate,
+                                  const QuantView& shared_up, float* shared_h, const float* x,
+                                  int64_t n) {
+  moe_route(router_logits, n, experts, k, ids, weights);
+  expert_swiglu_with_shared(gate, up, ids, k, h, shared_gate, shared_up, shared_h, x, n);
+}
+
 void Backend::begin_capture() {
   throw std::logic_error(name() + " backend: graph capture is not supported");
 }

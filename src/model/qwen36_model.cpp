@@ -190,9 +190,9 @@ void Qwen36Model::moe(const LayerWeights& layer, int64_t n) {
   const MatmulTarget gates[] = {{&w.router, 0, E, router_logits_},
                                 {&w.shared_expert_gate, 0, 1, shared_logit_}};
   be.matmul_group(gates, normed_, n);
-  be.moe_route(router_logits_, n, E, k, expert_ids_, expert_weights_);
-  be.expert_swiglu_with_shared(w.experts_gate, w.experts_up, expert_ids_, k, expert_h_,
-                               w.shared_gate, w.shared_up, shared_h_, normed_, n);
+  be.route_expert_swiglu(router_logits_, E, k, expert_ids_, expert_weights_, w.experts_gate,
+                         w.experts_up, expert_h_, w.shared_gate, w.shared_up, shared_h_, normed_,
+                         n);
   be.expert_down_combine(w.experts_down, expert_h_, expert_ids_, expert_weights_, n, k,
                          w.shared_down, shared_h_, shared_logit_, delta_);
 }

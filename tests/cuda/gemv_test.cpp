@@ -492,6 +492,63 @@ TEST(CudaExpertSwiglu, WithSharedExpertInOneLaunch) {
   check_swiglu_with_shared(*be, *host, gate, up, sgate, sup, rng, 12, 3, "q4 n=12", 1e-4);
 }
 
+// Routing fused into the SwiGLU launch: ids and weights as the CPU's moe_route, h and
+// shared_h as the CPU's expert SwiGLU with those ids.
+void check_route_swiglu(Backend& be, Backend& host, const QuantWeight& gate, const QuantWeight& up,
+                        const QuantWeight& sgate, const QuantWeight& sup, Rng& rng, int64_t n,
+                        int64_t k, const std::string& label) {
+  const auto E = static_cast<int64_t>(gate.view().experts);
+  const auto in = static_cast<int64_t>(gate.view().in);
+  const auto I = static_cast<int64_t>(gate.view().out);
+  const auto S = static_cast<int64_t>(sgate.view().out);
+  const std::vector<float> logits = rng.uniform_vector(static_cast<size_t>(n * E), -4.0f, 4.0f);
+  const std::vector<float> x = rng.uniform_vector(static_cast<size_t>(n * in), -2.0f, 2.0f);
+  int32_t* ids_dev = to_device(be, std::vector<int32_t>(static_cast<size_t>(n * k), -1));
+  float* w_dev = unwritten(be, static_cast<size_t>(n * k));
+  float* h_dev = unwritten(be, static_cast<size_t>(n * k * I));
+  float* sh_dev = unwritten(be, static_cast<size_t>(n * S));
+  be.route_expert_swiglu(to_device(be, logits), E, k, ids_dev, w_dev, gate.view(), up.view(), h_dev,
+                         sgate.view(), sup.view(), sh_dev, to_device(be, x), n);
+
+  std::vector<int32_t> ids(static_cast<size_t>(n * k), -1);
+  std::vector<float> w(static_cast<size_t>(n * k), kUnwritten);
+  std::vector<float> h(static_cast<size_t>(n * k * I), kUnwritten);
+  std::vector<float> sh(static_cast<size_t>(n * S), kUnwritten);
+  host.route_expert_swiglu(logits.data(), E, k, ids.data(), w.data(), gate.view(), up.view(),
+                           h.data(), sgate.view(), sup.view(), sh.data(), x.data(), n);
+  EXPECT_EQ(to_host(be, ids_dev, ids.size()), ids) << label << ": expert ids";
+  EXPECT_LT(report("route_expert_swiglu", label + " weights vs cpu", to_host(be, w_dev, w.size()),
+                   widen(w)).normalised, kTol);
+  EXPECT_LT(report("route_expert_swiglu", label + " h vs cpu", to_host(be, h_dev, h.size()),
+                   widen(h)).normalised, kTol);
+  EXPECT_LT(report("route_expert_swiglu", label + " shared_h vs cpu", to_host(be, sh_dev, sh.size()),
+                   widen(sh)).normalised, kTol);
+  // And against the float64 reference with the CPU's ids.
+  EXPECT_LT(report("route_expert_swiglu", label + " h", to_host(be, h_dev, h.size()),
+                   ref::expert_swiglu(gate.view(), up.view(), widen(x), ids, n, k)).normalised, kTol);
+}
+
+TEST(CudaExpertSwiglu, RoutingFusedIntoTheLaunch) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  auto host = cpu();
+  Rng rng(336);
+  const QuantWeight gate(rng, 4, kExperts, kIntermediate, kHidden, 0, "experts_gate");
+  const QuantWeight up(rng, 4, kExperts, kIntermediate, kHidden, 0, "experts_up");
+  const QuantWeight sgate(rng, 4, 1, kShared, kHidden, 0, "shared_gate");
+  const QuantWeight sup(rng, 4, 1, kShared, kHidden, 0, "shared_up");
+  for (int64_t n : {1, 3, 8}) {
+    check_route_swiglu(*be, *host, gate, up, sgate, sup, rng, n, 3, "E=10 k=3 n=" + std::to_string(n));
+  }
+  check_route_swiglu(*be, *host, gate, up, sgate, sup, rng, 2, 10, "E=10 k=10 (every expert)");
+  // The model's routing width: 256 experts, k = 8 (small experts to keep it quick).
+  const QuantWeight gate256(rng, 4, 256, 8, kHidden, 0, "experts_gate");
+  const QuantWeight up256(rng, 4, 256, 8, kHidden, 0, "experts_up");
+  check_route_swiglu(*be, *host, gate256, up256, sgate, sup, rng, 1, 8, "E=256 k=8 n=1");
+  check_route_swiglu(*be, *host, gate256, up256, sgate, sup, rng, 4, 8, "E=256 k=8 n=4");
+  // Prefill sizes take the routing kernel and the grouped GEMMs: same contract.
+  check_route_swiglu(*be, *host, gate, up, sgate, sup, rng, 11, 3, "E=10 k=3 n=11 (two ops)");
+}
+
 // ---- expert_down_combine -------------------------------------------------------------------
 
 void check_down(Backend& be, Backend& host, Rng& rng, const QuantWeight& down,

@@ -586,6 +586,39 @@ void CudaBackend::expert_swiglu_with_shared(const QuantView& gate, const QuantVi
   cuda::expert_swiglu_shared_gemv(g, u, ids, k, h, &sg, &su, shared_h, x, n, stream_);
 }
 
+void CudaBackend::route_expert_swiglu(const float* router_logits, int64_t experts, int64_t k,
+                                      int32_t* ids, float* weights, const QuantView& gate,
+                                      const QuantView& up, float* h, const QuantView& shared_gate,
+                                      const QuantView& shared_up, float* shared_h, const float* x,
+                                      int64_t n) {
+  const cuda::QuantMatrix& g = quant(gate);
+  const cuda::QuantMatrix& u = quant(up);
+  const cuda::QuantMatrix& sg = quant(shared_gate);
+  const cuda::QuantMatrix& su = quant(shared_up);
+  // One launch for decode-sized steps of the model's shapes (see route_expert_swiglu_gemv);
+  // otherwise the routing kernel, then the SwiGLU op.
+  const bool one_launch = n <= cuda::kGemvMaxTokens && k <= 16 && experts <= 256 &&
+                          k <= experts && sg.bits == g.bits && su.bits == u.bits &&
+                          sg.in == g.in && su.in == u.in;
+  if (!one_launch) {
+    moe_route(router_logits, n, experts, k, ids, weights);
+    expert_swiglu_with_shared(gate, up, ids, k, h, shared_gate, shared_up, shared_h, x, n);
+    return;
+  }
+  require(k > 0 && router_logits != nullptr && ids != nullptr && weights != nullptr,
+          "route_expert_swiglu", "needs k > 0 and routing buffers");
+  require(g.experts == experts && g.experts == u.experts && g.out == u.out && g.in == u.in,
+          "route_expert_swiglu",
+          "gate " + gate.name + " and up " + up.name + " must have the same shape, " +
+              std::to_string(experts) + " experts");
+  require(sg.out == su.out && sg.in == su.in, "route_expert_swiglu",
+          "gate " + shared_gate.name + " and up " + shared_up.name + " must have the same shape");
+  require(n > 0 && x != nullptr && h != nullptr && shared_h != nullptr, "route_expert_swiglu",
+          "needs n > 0 and buffers");
+  cuda::route_expert_swiglu_gemv(router_logits, experts, ids, weights, g, u, k, h, sg, su,
+                                 shared_h, x, n, stream_);
+}
+
 void CudaBackend::expert_down_combine(const QuantView& down, const float* h, const int32_t* ids,
                                       const float* weights, int64_t n, int64_t k,
                                       const QuantView& shared_down, const float* shared_h,

@@ -5,6 +5,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/quant_dot.cuh"
 
 namespace lily::cuda {
@@ -20,7 +21,7 @@ constexpr int kMoeThreads = 128;
 // reading outside the stacked weights.
 __device__ __forceinline__ int64_t expert_at(const int32_t* ids, int64_t slot, int64_t experts) {
   if (ids == nullptr) return 0;
-  const int64_t e = __ldg(ids + slot);
+  const int64_t e = ids[slot];  // not __ldg: ids may point at shared memory (fused routing)
   return e < 0 ? 0 : (e >= experts ? experts - 1 : e);
 }
 
@@ -30,6 +31,19 @@ __device__ __forceinline__ int64_t expert_at(const int32_t* ids, int64_t slot, i
 // it loads serves 2 * kSwigluRows rows. Units of a warp may belong to different slots.
 constexpr int kSwigluRows = 4;
 constexpr int kSwigluUnroll = 1;  // 2 * kSwigluRows loads in flight per lane already
+
+// Routing fused into the SwiGLU launch (logits == nullptr: the ids are given). Every block
+// routes all n tokens itself (n <= kGemvMaxTokens, E <= 32 * kFusedRouteLanes, k <= 16: a
+// warp per token, about a microsecond) rather than wait for a routing kernel; block 0 also
+// stores ids and weights [n, k] for the down projection.
+constexpr int kFusedRouteLanes = 8;  // experts per lane
+constexpr int kFusedRouteMaxK = 16;
+struct FusedRoute {
+  const float* logits = nullptr;  // [n, E] f32
+  int experts = 0;
+  int32_t* ids = nullptr;    // [n, k] out
+  float* weights = nullptr;  // [n, k] out
+};
 
 // One set of gathered SwiGLU rows: slot (t, j) uses expert ids[t * k + j] (ids == nullptr:
 // expert 0, k == 1) and writes h [slots, I] f32, I = gate.out.
@@ -49,9 +63,30 @@ struct SwigluSet {
 // kShared (only with BitsG == BitsU): x [n, in] is staged in shared memory (n * in * 4 bytes).
 template <int BitsG, int BitsU, bool kShared>
 __global__ void __launch_bounds__(kMoeThreads)
-    swiglu_kernel(SwigluSet routed, SwigluSet shared, const float* __restrict__ x, int64_t n,
-                  int lanes, bool x_vec) {
+    swiglu_kernel(SwigluSet routed, SwigluSet shared, FusedRoute route,
+                  const float* __restrict__ x, int64_t n, int lanes, bool x_vec) {
   grid_dependency_wait();
+  __shared__ int32_t routed_ids[kGemvMaxTokens * kFusedRouteMaxK];
+  if (route.logits != nullptr) {  // the same for every thread of the launch
+    const int warp_id = static_cast<int>(threadIdx.x) / 32;
+    const int lane_id = static_cast<int>(threadIdx.x) & 31;
+    const int k = static_cast<int>(routed.k);
+    for (int64_t t = warp_id; t < n; t += kMoeThreads / 32) {
+      int32_t id = 0;
+      float weight = 0.0f;
+      route_row<kFusedRouteLanes>(route.logits + t * route.experts, route.experts, k, lane_id,
+                                  &id, &weight);
+      if (lane_id < k) {
+        routed_ids[t * k + lane_id] = id;
+        if (blockIdx.x == 0) {
+          route.ids[t * k + lane_id] = id;
+          route.weights[t * k + lane_id] = weight;
+        }
+      }
+    }
+    __syncthreads();
+    routed.ids = routed_ids;  // generic addressing reads shared memory through this pointer
+  }
   extern __shared__ float4 staged[];
   if constexpr (kShared) {
     gemv_detail::stage_acts<BitsG>(x, n * routed.gate.in, x_vec, 0, staged);
@@ -163,8 +198,8 @@ __global__ void __launch_bounds__(kMoeThreads)
 }
 
 template <int BitsG, int BitsU>
-void launch_swiglu(const SwigluSet& routed, const SwigluSet& shared, const float* x,
-                   cudaStream_t s) {
+void launch_swiglu(const SwigluSet& routed, const SwigluSet& shared, const FusedRoute& route,
+                   const float* x, cudaStream_t s) {
   const int64_t chunks = routed.gate.in / Chunk<BitsG>::kValues > routed.up.in / Chunk<BitsU>::kValues
                              ? routed.gate.in / Chunk<BitsG>::kValues
                              : routed.up.in / Chunk<BitsU>::kValues;
@@ -178,11 +213,11 @@ void launch_swiglu(const SwigluSet& routed, const SwigluSet& shared, const float
   if constexpr (BitsG == BitsU) {
     if (act_bytes <= gemv_detail::kMaxStagedBytes) {
       return launch(swiglu_kernel<BitsG, BitsU, true>, static_cast<unsigned>(blocks), kMoeThreads,
-                    act_bytes, s, routed, shared, x, n, lanes, gemv_detail::aligned16(x));
+                    act_bytes, s, routed, shared, route, x, n, lanes, gemv_detail::aligned16(x));
     }
   }
   launch(swiglu_kernel<BitsG, BitsU, false>, static_cast<unsigned>(blocks), kMoeThreads, 0, s,
-         routed, shared, x, n, lanes, gemv_detail::aligned16(x));
+         routed, shared, route, x, n, lanes, gemv_detail::aligned16(x));
 }
 
 // ---- expert_down_combine_gemv -------------------------------------------------------------
@@ -194,7 +229,7 @@ void launch_swiglu(const SwigluSet& routed, const SwigluSet& shared, const float
 // (h[t, j] or shared_h[t]) serve the kDownRows rows. Per-lane partial sums are already
 // weighted, so one warp sum per row gives the output: no atomics, no second pass.
 constexpr int kDownRows = 2;
-constexpr int kDownUnroll = 4;
+constexpr int kDownUnroll = 8;  // k = 8: the 144 items of a warp in one or two trips
 
 // h [n * k, I]; ids, weights [n * k]; shared_h [n, S]; shared_logit [n]; out [n, H].
 // kShared (only with BitsD == BitsS): h then shared_h are staged in shared memory,
@@ -347,15 +382,11 @@ void check_bits(int bits, const char* op) {
 
 }  // namespace
 
-void expert_swiglu_gemv(const QuantMatrix& gate, const QuantMatrix& up, const float* x,
-                        const int32_t* ids, int64_t n, int64_t k, float* h, cudaStream_t s) {
-  expert_swiglu_shared_gemv(gate, up, ids, k, h, nullptr, nullptr, nullptr, x, n, s);
-}
-
-void expert_swiglu_shared_gemv(const QuantMatrix& gate, const QuantMatrix& up, const int32_t* ids,
-                               int64_t k, float* h, const QuantMatrix* shared_gate,
-                               const QuantMatrix* shared_up, float* shared_h, const float* x,
-                               int64_t n, cudaStream_t s) {
+namespace {
+void swiglu_sets(const QuantMatrix& gate, const QuantMatrix& up, const int32_t* ids, int64_t k,
+                 float* h, const QuantMatrix* shared_gate, const QuantMatrix* shared_up,
+                 float* shared_h, const FusedRoute& route, const float* x, int64_t n,
+                 cudaStream_t s) {
   if (n <= 0 || k <= 0 || gate.out <= 0) return;
   check_bits(gate.bits, "expert_swiglu_gemv");
   check_bits(up.bits, "expert_swiglu_gemv");
@@ -370,11 +401,38 @@ void expert_swiglu_shared_gemv(const QuantMatrix& gate, const QuantMatrix& up, c
     }
     shared = SwigluSet{*shared_gate, *shared_up, nullptr, n, 1, shared_h};
   }
-  if (gate.bits == 4 && up.bits == 4) return launch_swiglu<4, 4>(routed, shared, x, s);
-  if (gate.bits == 8 && up.bits == 8) return launch_swiglu<8, 8>(routed, shared, x, s);
-  if (gate.bits == 4) return launch_swiglu<4, 8>(routed, shared, x, s);
-  return launch_swiglu<8, 4>(routed, shared, x, s);
+  if (gate.bits == 4 && up.bits == 4) return launch_swiglu<4, 4>(routed, shared, route, x, s);
+  if (gate.bits == 8 && up.bits == 8) return launch_swiglu<8, 8>(routed, shared, route, x, s);
+  if (gate.bits == 4) return launch_swiglu<4, 8>(routed, shared, route, x, s);
+  return launch_swiglu<8, 4>(routed, shared, route, x, s);
 }
+}  // namespace
+
+void expert_swiglu_gemv(const QuantMatrix& gate, const QuantMatrix& up, const float* x,
+                        const int32_t* ids, int64_t n, int64_t k, float* h, cudaStream_t s) {
+  expert_swiglu_shared_gemv(gate, up, ids, k, h, nullptr, nullptr, nullptr, x, n, s);
+}
+
+void route_expert_swiglu_gemv(const float* logits, int64_t experts, int32_t* ids, float* weights,
+                              const QuantMatrix& gate, const QuantMatrix& up, int64_t k, float* h,
+                              const QuantMatrix& shared_gate, const QuantMatrix& shared_up,
+                              float* shared_h, const float* x, int64_t n, cudaStream_t s) {
+  if (n > kGemvMaxTokens || k > kFusedRouteMaxK || experts > 32 * kFusedRouteLanes ||
+      k > experts) {
+    throw std::invalid_argument(
+        "cuda::route_expert_swiglu_gemv: needs n <= 8, k <= 16, k <= experts <= 256");
+  }
+  const FusedRoute route{logits, static_cast<int>(experts), ids, weights};
+  swiglu_sets(gate, up, ids, k, h, &shared_gate, &shared_up, shared_h, route, x, n, s);
+}
+
+void expert_swiglu_shared_gemv(const QuantMatrix& gate, const QuantMatrix& up, const int32_t* ids,
+                               int64_t k, float* h, const QuantMatrix* shared_gate,
+                               const QuantMatrix* shared_up, float* shared_h, const float* x,
+                               int64_t n, cudaStream_t s) {
+  swiglu_sets(gate, up, ids, k, h, shared_gate, shared_up, shared_h, FusedRoute{}, x, n, s);
+}
+
 
 void expert_down_combine_gemv(const QuantMatrix& down, const float* h, const int32_t* ids,
                               const float* weights, int64_t n, int64_t k,

@@ -16,6 +16,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/moe_route.cuh"
 
 namespace lily::cuda {
 
@@ -32,65 +33,12 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, 1)
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= n) return;  // whole warps leave together
   const int lane = static_cast<int>(threadIdx.x & 31);
-  const float* l = logits + row * E;
-
-  float p[M];
-  float top = -INFINITY;
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    const int e = lane + 32 * m;
-    p[m] = e < E ? l[e] : -INFINITY;
-    top = fmaxf(top, p[m]);
-  }
-  top = warp_max(top);
-  float total = 0.0f;
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    const int e = lane + 32 * m;
-    // Padding gets -1: below every probability (>= 0), so it is never picked while k <= E.
-    p[m] = e < E ? expf(p[m] - top) : -1.0f;
-    if (e < E) total += p[m];
-  }
-  total = warp_sum(total);
-
-  float top_total = 0.0f;
-  int32_t my_id = 0;
-  float my_p = 0.0f;
-  for (int j = 0; j < k; ++j) {
-    float best = -INFINITY;
-    int best_id = INT_MAX;
-#pragma unroll
-    for (int m = 0; m < M; ++m) {  // ascending ids within the lane: strict > keeps the lower
-      if (p[m] > best) {
-        best = p[m];
-        best_id = lane + 32 * m;
-      }
-    }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-      const int other_id = __shfl_xor_sync(0xffffffffu, best_id, offset);
-      if (other > best || (other == best && other_id < best_id)) {
-        best = other;
-        best_id = other_id;
-      }
-    }
-    // Every lane now holds the same winner (a total order, reduced by a butterfly).
-    if ((best_id & 31) == lane) {
-#pragma unroll
-      for (int m = 0; m < M; ++m) {
-        if (lane + 32 * m == best_id) p[m] = -INFINITY;
-      }
-    }
-    top_total += best / total;  // the CPU's order: rank 0 first
-    if (lane == j) {
-      my_id = best_id;
-      my_p = best;
-    }
-  }
+  int32_t id = 0;
+  float weight = 0.0f;
+  route_row<M>(logits + row * E, E, k, lane, &id, &weight);
   if (lane < k) {
-    ids[row * k + lane] = my_id;
-    weights[row * k + lane] = my_p / total / top_total;
+    ids[row * k + lane] = id;
+    weights[row * k + lane] = weight;
   }
 }
 

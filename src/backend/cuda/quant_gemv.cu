@@ -35,7 +35,9 @@ inline constexpr int kGemvRows = NT <= 2 ? 8 : 4;
 // 4096 inputs, 64 blocks at 8 rows) takes fewer rows per segment so that it spreads over at
 // least one block per SM (each lane then walks fewer rows; the activations serve fewer rows
 // per load, which costs little at these sizes).
-// Chunks per lane loaded before any is used (kGemvRows loads are already in flight).
+// Chunks per lane loaded before any is used (kGemvRows loads are already in flight). Two
+// would put a 2048-wide row's both chunks in flight at once, but takes 255 registers: half
+// the blocks per SM, so no more loads in flight over the GPU.
 inline constexpr int kGemvUnroll = 1;
 // At most 128 registers for n <= 2 (4 blocks, 16 warps per SM: enough loads in flight);
 // the many-token variants may use more rather than spill.

@@ -89,6 +89,38 @@ TEST(BackendExpertSwiglu, WithSharedMatchesBothParts) {
   }
 }
 
+TEST(BackendExpertSwiglu, RouteThenSwigluAsOneOp) {
+  Rng rng(84);
+  auto be = cpu(2);
+  const QuantWeight gate(rng, 4, kExperts, kIntermediate, kHidden, 0, "experts_gate");
+  const QuantWeight up(rng, 4, kExperts, kIntermediate, kHidden, 0, "experts_up");
+  const QuantWeight sgate(rng, 4, 1, kShared, kHidden, 0, "shared_gate");
+  const QuantWeight sup(rng, 4, 1, kShared, kHidden, 0, "shared_up");
+  const int64_t n = 3;
+  const int64_t k = 2;
+  const std::vector<float> logits = rng.uniform_vector(n * kExperts, -3.0f, 3.0f);
+  const std::vector<float> x = rng.uniform_vector(n * kHidden, -2.0f, 2.0f);
+  std::vector<int32_t> ids(n * k, -1);
+  std::vector<float> w(n * k, 1e30f);
+  std::vector<float> h(n * k * kIntermediate, 1e30f);
+  std::vector<float> sh(n * kShared, 1e30f);
+  be->route_expert_swiglu(logits.data(), kExperts, k, ids.data(), w.data(), gate.view(), up.view(),
+                          h.data(), sgate.view(), sup.view(), sh.data(), x.data(), n);
+  // The routing op on its own gives the same ids and weights.
+  std::vector<int32_t> want_ids(n * k, -1);
+  std::vector<float> want_w(n * k, 1e30f);
+  be->moe_route(logits.data(), n, kExperts, k, want_ids.data(), want_w.data());
+  EXPECT_EQ(ids, want_ids);
+  EXPECT_EQ(w, want_w);
+  EXPECT_LT(report("route_expert_swiglu", "routed", h,
+                   ref::expert_swiglu(gate.view(), up.view(), widen(x), want_ids, n, k)).normalised,
+            kTol);
+  EXPECT_LT(report("route_expert_swiglu", "shared", sh,
+                   ref::expert_swiglu(sgate.view(), sup.view(), widen(x), std::span<const int32_t>(),
+                                      n, 1)).normalised,
+            kTol);
+}
+
 TEST(BackendExpertSwiglu, NullIdsUseExpertZero) {
   Rng rng(82);
   auto be = cpu();
