@@ -12,14 +12,6 @@ void Backend::matmul_group(std::span<const MatmulTarget> targets, const float* x
   }
 }
 
-void Backend::matmul_group_conv1d_silu(std::span<const MatmulTarget> targets, const float* x,
-                                       int64_t n, float* window, const DenseView& conv_weight,
-                                       const GatedDeltaNetDims& dims, float* conv_out) {
-  if (targets.empty()) throw std::invalid_argument(name() + " matmul_group_conv1d_silu: no targets");
-  matmul_group(targets, x, n);
-  conv1d_silu(targets[0].y, window, conv_weight, dims, n, conv_out);
-}
-
 void Backend::expert_swiglu_with_shared(const QuantView& gate, const QuantView& up,
                                         const int32_t* ids, int64_t k, float* h,
                                         const QuantView& shared_gate, const QuantView& shared_up,

@@ -121,13 +121,6 @@ class Backend {
   // each target. A device backend issues a group as one launch where it can (lily-reference
   // §9.9); the default runs the targets one after another.
   virtual void matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t n);
-  // matmul_group, then conv1d_silu(targets[0].y, window, conv_weight, dims, n, conv_out): the
-  // Gated DeltaNet's input projections and its causal conv. A device backend applies the conv
-  // to the projection's outputs as they are stored where it can (decode); the default runs
-  // the two ops. targets[0] must be the dims.channels() rows of the qkv projection.
-  virtual void matmul_group_conv1d_silu(std::span<const MatmulTarget> targets, const float* x,
-                                        int64_t n, float* window, const DenseView& conv_weight,
-                                        const GatedDeltaNetDims& dims, float* conv_out);
   // out = x / sqrt(mean(x^2) + eps) * gain             x, out [n, dim]; gain BF16 [dim], baked
   virtual void rms_norm(const float* x, const DenseView& gain, int64_t n, int64_t dim, float eps,
                         float* out) = 0;

@@ -159,8 +159,8 @@ void Qwen36Model::delta_net_mixer(const LayerWeights& layer, DecodeState::DeltaN
                                       {&w.in_proj_z, 0, Hv * Dv, z_},
                                       {&w.in_proj_a, 0, Hv, a_},
                                       {&w.in_proj_b, 0, Hv, b_}};
-  be.matmul_group_conv1d_silu(projections, normed_, n, s.conv_window, w.conv1d, gdn_dims_,
-                              conv_out_);
+  be.matmul_group(projections, normed_, n);
+  be.conv1d_silu(mixed_, s.conv_window, w.conv1d, gdn_dims_, n, conv_out_);
   be.gated_delta_rule(conv_out_, a_, b_, w.a_log, w.dt_bias, s.recurrent, gdn_dims_, n, gdn_out_);
   be.gated_rms_norm(gdn_out_, z_, w.norm, n * Hv, Dv, eps_, gdn_normed_);
   be.matmul(w.out_proj, 0, static_cast<int64_t>(shape_.hidden_size), gdn_normed_, n, delta_);

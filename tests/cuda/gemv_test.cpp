@@ -225,54 +225,6 @@ TEST(CudaGemv, MatmulGroupOneLaunchPerGroup) {
   check_group(*be, *host, {&w4, &w8}, {0, 0}, {20, 12}, 17, rng, "q4|q8 n=17", 1e-4);
 }
 
-// matmul_group_conv1d_silu: the Gated DeltaNet projections with the conv in the epilogue
-// (n == 1) or as its own op (n > 1). Three steps from one starting window, against the CPU
-// backend's matmul_group + conv1d_silu: outputs, conv outputs and the updated window.
-TEST(CudaGemv, ProjectionGroupWithConvEpilogue) {
-  LILY_CUDA_BACKEND_OR_SKIP(be);
-  auto host = cpu();
-  Rng rng(309);
-  const GatedDeltaNetDims d{2, 4, 32, 32, 4};  // C = 2*2*32 + 4*32 = 256 channels
-  const auto C = d.channels();
-  const QuantWeight qkv(rng, 4, 1, static_cast<uint64_t>(C), 128, 0, "in_proj_qkv");
-  const QuantWeight z(rng, 4, 1, 128, 128, 0, "in_proj_z");
-  const QuantWeight a(rng, 4, 1, 4, 128, 0, "in_proj_a");
-  const DenseTensor conv_w(DType::BF16, {static_cast<uint64_t>(C), 4, 1},
-                           rng.uniform_vector(static_cast<size_t>(C * 4), -0.6f, 0.6f), "conv1d");
-  std::vector<float> host_window = rng.uniform_vector(static_cast<size_t>(3 * C), -2.0f, 2.0f);
-  float* dev_window = to_device(*be, host_window);
-  for (int64_t n : {1, 1, 3}) {
-    const std::string label = "n=" + std::to_string(n);
-    const auto sn = static_cast<size_t>(n);
-    const auto sc = static_cast<size_t>(C);
-    const std::vector<float> x = rng.uniform_vector(sn * 128, -2.0f, 2.0f);
-    float* dev_y[3] = {unwritten(*be, sn * sc), unwritten(*be, sn * 128), unwritten(*be, sn * 4)};
-    float* dev_conv = unwritten(*be, sn * sc);
-    const MatmulTarget dev_targets[] = {{&qkv.view(), 0, C, dev_y[0]},
-                                        {&z.view(), 0, 128, dev_y[1]},
-                                        {&a.view(), 0, 4, dev_y[2]}};
-    be->matmul_group_conv1d_silu(dev_targets, to_device(*be, x), n, dev_window, conv_w.view(), d,
-                                 dev_conv);
-    std::vector<float> y[3] = {std::vector<float>(sn * sc), std::vector<float>(sn * 128),
-                               std::vector<float>(sn * 4)};
-    std::vector<float> conv(sn * sc, kUnwritten);
-    const MatmulTarget host_targets[] = {{&qkv.view(), 0, C, y[0].data()},
-                                         {&z.view(), 0, 128, y[1].data()},
-                                         {&a.view(), 0, 4, y[2].data()}};
-    host->matmul_group_conv1d_silu(host_targets, x.data(), n, host_window.data(), conv_w.view(), d,
-                                   conv.data());
-    for (int i = 0; i < 3; ++i) {
-      EXPECT_LT(report("matmul_group_conv1d_silu", label + " target " + std::to_string(i),
-                       to_host(*be, dev_y[i], y[i].size()), widen(y[i])).normalised, kTol);
-    }
-    EXPECT_LT(report("matmul_group_conv1d_silu", label + " conv", to_host(*be, dev_conv, conv.size()),
-                     widen(conv)).normalised, kTol);
-    EXPECT_LT(report("matmul_group_conv1d_silu", label + " window",
-                     to_host(*be, dev_window, host_window.size()), widen(host_window)).normalised,
-              kTol);
-  }
-}
-
 // ---- embed ---------------------------------------------------------------------------------
 
 TEST(CudaEmbed, Q4AndQ8MatchReferenceAndMlxDequantBitwise) {

@@ -423,35 +423,6 @@ void check_matmul(const cuda::QuantMatrix& m, const QuantView& w, int64_t row_be
 }  // namespace
 
 void CudaBackend::matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t n) {
-  matmul_group_with(targets, x, n, cuda::ConvEpilogue{});
-}
-
-void CudaBackend::matmul_group_conv1d_silu(std::span<const MatmulTarget> targets, const float* x,
-                                           int64_t n, float* window, const DenseView& conv_weight,
-                                           const GatedDeltaNetDims& dims, float* conv_out) {
-  require(!targets.empty(), "matmul_group_conv1d_silu", "no targets");
-  const int64_t C = dims.channels();
-  // One token: the conv runs in the projection's epilogue (no launch of its own).
-  if (n == 1 && dims.conv_kernel >= 2 && dims.conv_kernel <= cuda::kMaxConvKernel &&
-      targets[0].row_begin == 0 && targets[0].rows == C) {
-    const cuda::DeltaNetShape d = delta_net_shape(dims, "matmul_group_conv1d_silu");
-    check_dense(conv_weight, d.channels() * dims.conv_kernel, "matmul_group_conv1d_silu");
-    require(window != nullptr && conv_out != nullptr, "matmul_group_conv1d_silu",
-            "needs a conv window and an output buffer");
-    cuda::ConvEpilogue conv;
-    conv.window = window;
-    conv.weight = dense(conv_weight);
-    conv.out = conv_out;
-    conv.kernel = static_cast<int>(dims.conv_kernel);
-    conv.channels = C;
-    if (matmul_group_with(targets, x, n, conv)) return;
-  }
-  matmul_group(targets, x, n);
-  conv1d_silu(targets[0].y, window, conv_weight, dims, n, conv_out);
-}
-
-bool CudaBackend::matmul_group_with(std::span<const MatmulTarget> targets, const float* x,
-                                    int64_t n, const cuda::ConvEpilogue& conv) {
   require(!targets.empty(), "matmul_group", "no targets");
   cuda::GemvTarget batch[cuda::kMaxGemvTargets];
   // One launch when the group fits the batched GEMV: few tokens, at most kMaxGemvTargets
@@ -467,12 +438,10 @@ bool CudaBackend::matmul_group_with(std::span<const MatmulTarget> targets, const
     one_launch = one_launch && m.bits == batch[0].w.bits && m.in == batch[0].w.in;
   }
   if (one_launch) {
-    cuda::gemv_batch(batch, static_cast<int>(targets.size()), x, n, stream_, conv);
-    return true;
+    cuda::gemv_batch(batch, static_cast<int>(targets.size()), x, n, stream_);
+    return;
   }
-  if (conv.out != nullptr) return false;  // the caller runs the conv as its own op
   for (const MatmulTarget& t : targets) matmul(*t.w, t.row_begin, t.rows, x, n, t.y);
-  return true;
 }
 
 void CudaBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x,

@@ -68,9 +68,6 @@ class CudaBackend final : public Backend {
   void matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
               float* y) override;
   void matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t n) override;
-  void matmul_group_conv1d_silu(std::span<const MatmulTarget> targets, const float* x, int64_t n,
-                                float* window, const DenseView& conv_weight,
-                                const GatedDeltaNetDims& dims, float* conv_out) override;
   void rms_norm(const float* x, const DenseView& gain, int64_t n, int64_t dim, float eps,
                 float* out) override;
   void add_rms_norm(float* residual, const float* delta, const DenseView& gain, int64_t n,
@@ -114,10 +111,6 @@ class CudaBackend final : public Backend {
   // during graph capture: device_alloc refuses then.
   const cuda::QuantMatrix& quant(const QuantView& view);
   const float* dense(const DenseView& view);
-  // matmul_group with an optional conv epilogue (conv.out != nullptr). Returns false, having
-  // run nothing, when the group cannot be one launch and an epilogue was asked for.
-  bool matmul_group_with(std::span<const MatmulTarget> targets, const float* x, int64_t n,
-                         const cuda::ConvEpilogue& conv);
   bool capturing() const;
   void* device_alloc(size_t bytes);
 

@@ -70,19 +70,7 @@ struct GemvTarget {
   float* y = nullptr;  // [n, rows] f32
 };
 inline constexpr int kMaxGemvTargets = 4;
-// Optional epilogue on target 0 of a one-token batch: the Gated DeltaNet's causal conv + SiLU
-// (as conv1d_silu with n = 1) applied to each output as it is stored, so the conv needs no
-// launch of its own. Target 0 must be rows [0, channels) of its weight.
-struct ConvEpilogue {
-  float* window = nullptr;        // [kernel - 1, channels] f32, updated
-  const float* weight = nullptr;  // [channels, kernel] f32
-  float* out = nullptr;           // [channels] f32; nullptr: no epilogue
-  int kernel = 0;                 // 2..kMaxConvKernel
-  int64_t channels = 0;
-};
-inline constexpr int kMaxConvKernel = 8;
-void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s,
-                const ConvEpilogue& conv = ConvEpilogue{});
+void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s);
 
 // out[t] = index of the largest logit (lowest index on ties; NaN never wins over a number,
 // where the CPU's strict scan would keep a NaN at index 0: a difference only for NaN logits).

@@ -50,26 +50,7 @@ struct GemvBatch {
   GemvTarget target[kMaxGemvTargets];
   unsigned block_end[kMaxGemvTargets] = {};
   int count = 0;
-  ConvEpilogue conv;  // on target 0, NT == 1 only
 };
-
-// conv1d_silu for one token of channel c, given its new input v (the GEMV output).
-__device__ __forceinline__ float conv_step(const ConvEpilogue& conv, int64_t c, float v) {
-  const int K = conv.kernel;
-  const int64_t C = conv.channels;
-  float acc = 0.0f;  // the CPU's order: tap 0 (oldest) first
-#pragma unroll
-  for (int j = 0; j < kMaxConvKernel - 1; ++j) {
-    if (j < K - 1) acc += conv.weight[c * K + j] * conv.window[j * C + c];
-  }
-  acc += conv.weight[c * K + K - 1] * v;
-#pragma unroll
-  for (int j = 0; j < kMaxConvKernel - 2; ++j) {
-    if (j < K - 2) conv.window[j * C + c] = conv.window[(j + 1) * C + c];
-  }
-  conv.window[(K - 2) * C + c] = v;
-  return acc * sigmoidf_(acc);  // silu as the CPU forms it
-}
 
 // For each target: y[t, r] = W[row_begin + r] . x[t] for r < rows, t < NT.
 // x [NT, in] f32 (every target has the same `in`); y [NT, rows] f32 per target.
@@ -82,13 +63,11 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
   // parameters would copy them to local memory).
   GemvTarget target = batch.target[0];
   unsigned first_block = 0;
-  bool conv = NT == 1 && batch.conv.out != nullptr;  // target 0 only
 #pragma unroll
   for (int i = 1; i < kMaxGemvTargets; ++i) {
     if (i < batch.count && blockIdx.x >= batch.block_end[i - 1]) {
       target = batch.target[i];
       first_block = batch.block_end[i - 1];
-      conv = false;
     }
   }
   const QuantMatrix& w = target.w;
@@ -151,10 +130,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       const float v = gemv_detail::segment_sum(acc[i][t], lanes);
-      if ((lane & (lanes - 1)) == 0 && first + i < rows) {
-        target.y[t * rows + first + i] = v;
-        if (conv) batch.conv.out[first + i] = conv_step(batch.conv, first + i, v);
-      }
+      if ((lane & (lanes - 1)) == 0 && first + i < rows) target.y[t * rows + first + i] = v;
     }
   }
 }
@@ -171,13 +147,11 @@ int sm_count() {
 }
 
 template <int Bits, int NT, int kRows>
-void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, cudaStream_t s,
-                      const ConvEpilogue& conv) {
+void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, cudaStream_t s) {
   const int lanes = gemv_detail::lanes_for_chunks(targets[0].w.in / Chunk<Bits>::kValues);
   const int64_t rows_per_block = (kGemvThreads / 32) * (32 / lanes) * kRows;
   GemvBatch batch;
   batch.count = count;
-  batch.conv = conv;
   int64_t blocks = 0;
   for (int i = 0; i < count; ++i) {
     batch.target[i] = targets[i];
@@ -201,8 +175,7 @@ void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, cuda
 }
 
 template <int Bits, int NT>
-void launch_gemv(const GemvTarget* targets, int count, const float* x, cudaStream_t s,
-                 const ConvEpilogue& conv) {
+void launch_gemv(const GemvTarget* targets, int count, const float* x, cudaStream_t s) {
   if constexpr (kGemvRows<NT> == 8) {
     const int lanes = gemv_detail::lanes_for_chunks(targets[0].w.in / Chunk<Bits>::kValues);
     const int64_t segments_per_block = (kGemvThreads / 32) * (32 / lanes);
@@ -210,27 +183,24 @@ void launch_gemv(const GemvTarget* targets, int count, const float* x, cudaStrea
     for (int i = 0; i < count; ++i) rows += targets[i].rows;
     const auto blocks_at = [&](int r) { return (rows + segments_per_block * r - 1) / (segments_per_block * r); };
     if (blocks_at(8) < sm_count()) {
-      if (blocks_at(2) >= sm_count()) {
-        return launch_gemv_rows<Bits, NT, 2>(targets, count, x, s, conv);
-      }
-      return launch_gemv_rows<Bits, NT, 1>(targets, count, x, s, conv);
+      if (blocks_at(2) >= sm_count()) return launch_gemv_rows<Bits, NT, 2>(targets, count, x, s);
+      return launch_gemv_rows<Bits, NT, 1>(targets, count, x, s);
     }
   }
-  launch_gemv_rows<Bits, NT, kGemvRows<NT>>(targets, count, x, s, conv);
+  launch_gemv_rows<Bits, NT, kGemvRows<NT>>(targets, count, x, s);
 }
 
 template <int Bits>
-void gemv_bits(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s,
-               const ConvEpilogue& conv) {
+void gemv_bits(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s) {
   switch (n) {
-    case 1: return launch_gemv<Bits, 1>(targets, count, x, s, conv);
-    case 2: return launch_gemv<Bits, 2>(targets, count, x, s, conv);
-    case 3: return launch_gemv<Bits, 3>(targets, count, x, s, conv);
-    case 4: return launch_gemv<Bits, 4>(targets, count, x, s, conv);
-    case 5: return launch_gemv<Bits, 5>(targets, count, x, s, conv);
-    case 6: return launch_gemv<Bits, 6>(targets, count, x, s, conv);
-    case 7: return launch_gemv<Bits, 7>(targets, count, x, s, conv);
-    case 8: return launch_gemv<Bits, 8>(targets, count, x, s, conv);
+    case 1: return launch_gemv<Bits, 1>(targets, count, x, s);
+    case 2: return launch_gemv<Bits, 2>(targets, count, x, s);
+    case 3: return launch_gemv<Bits, 3>(targets, count, x, s);
+    case 4: return launch_gemv<Bits, 4>(targets, count, x, s);
+    case 5: return launch_gemv<Bits, 5>(targets, count, x, s);
+    case 6: return launch_gemv<Bits, 6>(targets, count, x, s);
+    case 7: return launch_gemv<Bits, 7>(targets, count, x, s);
+    case 8: return launch_gemv<Bits, 8>(targets, count, x, s);
     default:
       throw std::invalid_argument("cuda::gemv: n = " + std::to_string(n) + " outside 1..8");
   }
@@ -373,17 +343,9 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 
 }  // namespace
 
-void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s,
-                const ConvEpilogue& conv) {
+void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n,
+                cudaStream_t s) {
   if (n <= 0 || count <= 0) return;
-  if (conv.out != nullptr &&
-      (n != 1 || conv.window == nullptr || conv.weight == nullptr || conv.kernel < 2 ||
-       conv.kernel > kMaxConvKernel || targets[0].row_begin != 0 ||
-       targets[0].rows != conv.channels)) {
-    throw std::invalid_argument(
-        "cuda::gemv_batch: the conv epilogue needs n == 1, a window and weights, 2 <= kernel <= 8 "
-        "and target 0 = rows [0, channels)");
-  }
   if (count > kMaxGemvTargets) {
     throw std::invalid_argument("cuda::gemv_batch: more than " + std::to_string(kMaxGemvTargets) +
                                 " targets");
@@ -396,9 +358,9 @@ void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n,
     }
   }
   if (targets[0].w.bits == 4) {
-    gemv_bits<4>(targets, count, x, n, s, conv);
+    gemv_bits<4>(targets, count, x, n, s);
   } else if (targets[0].w.bits == 8) {
-    gemv_bits<8>(targets, count, x, n, s, conv);
+    gemv_bits<8>(targets, count, x, n, s);
   } else {
     throw std::invalid_argument("cuda::gemv: bits must be 4 or 8");
   }
