@@ -75,7 +75,11 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_byte
   config.stream = stream;
   config.attrs = &attribute;
   config.numAttrs = pdl_enabled() ? 1 : 0;
-  LILY_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...));
+  const cudaError_t status = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();  // clear it, so that the next launch check does not report it again
+    LILY_CUDA_CHECK(status);
+  }
 }
 
 inline constexpr int kGroupSize = 64;  // MLX affine group size, the only one the model uses

@@ -109,7 +109,8 @@ struct GlobalActs {
 };
 
 // Activations staged per block at most (the default dynamic shared memory limit).
-inline constexpr size_t kMaxStagedBytes = 48 * 1024;
+// (40 KB: the kernels' static shared memory must fit beside it in the default 48 KB.)
+inline constexpr size_t kMaxStagedBytes = 40 * 1024;
 
 // SharedActs reads them from the block's copy in shared memory, staged once per block by
 // stage_acts with a swizzle: float4 m of chunk c sits at c * F + (m ^ (c % F)), F = float4s
