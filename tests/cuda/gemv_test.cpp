@@ -36,21 +36,27 @@ float* unwritten(Backend& be, size_t count) {
 
 // ---- matmul (the GEMV path for n <= 8) ---------------------------------------------------
 
+// `got` (a device result of rows row_begin.. of w times x [n, in]) against the float64
+// reference and the CPU backend's matmul.
+void expect_matmul_output(Backend& host, const QuantWeight& w, int64_t row_begin, int64_t rows,
+                          const std::vector<float>& x, int64_t n, const std::vector<float>& got,
+                          const std::string& op, const std::string& label, double tol) {
+  const ErrorFigures f = report(op, label, got, ref::matmul(w.view(), row_begin, rows, widen(x), n));
+  EXPECT_LT(f.normalised, tol) << label;
+  std::vector<float> cpu_y(static_cast<size_t>(n * rows), kUnwritten);
+  host.matmul(w.view(), row_begin, rows, x.data(), n, cpu_y.data());
+  const ErrorFigures c = report(op, label + " vs cpu", got, widen(cpu_y));
+  EXPECT_LT(c.normalised, tol) << label << " vs cpu";
+}
+
 void check_matmul(Backend& be, Backend& host, const QuantWeight& w, int64_t row_begin,
                   int64_t rows, int64_t n, Rng& rng, const std::string& label, double tol = kTol) {
   const auto in = static_cast<int64_t>(w.view().in);
   const std::vector<float> x = rng.uniform_vector(static_cast<size_t>(n * in), -2.0f, 2.0f);
   float* y_dev = unwritten(be, static_cast<size_t>(n * rows));
   be.matmul(w.view(), row_begin, rows, to_device(be, x), n, y_dev);
-  const std::vector<float> got = to_host(be, y_dev, static_cast<size_t>(n * rows));
-
-  const ErrorFigures f = report("matmul", label, got, ref::matmul(w.view(), row_begin, rows, widen(x), n));
-  EXPECT_LT(f.normalised, tol) << label;
-
-  std::vector<float> cpu_y(static_cast<size_t>(n * rows), kUnwritten);
-  host.matmul(w.view(), row_begin, rows, x.data(), n, cpu_y.data());
-  const ErrorFigures c = report("matmul", label + " vs cpu", got, widen(cpu_y));
-  EXPECT_LT(c.normalised, tol) << label << " vs cpu";
+  expect_matmul_output(host, w, row_begin, rows, x, n,
+                       to_host(be, y_dev, static_cast<size_t>(n * rows)), "matmul", label, tol);
 }
 
 TEST(CudaGemv, Q4AndQ8WidthsAndTokenCounts) {
@@ -182,15 +188,9 @@ void check_group(Backend& be, Backend& host, const std::vector<const QuantWeight
   }
   be.matmul_group(targets, to_device(be, x), n);
   for (size_t i = 0; i < weights.size(); ++i) {
-    const std::string name = label + " target " + std::to_string(i);
-    const std::vector<float> got = to_host(be, targets[i].y, static_cast<size_t>(n * rows[i]));
-    const ErrorFigures f = report("matmul_group", name, got,
-                                  ref::matmul(weights[i]->view(), row_begins[i], rows[i], widen(x), n));
-    EXPECT_LT(f.normalised, tol) << name;
-    std::vector<float> cpu_y(static_cast<size_t>(n * rows[i]), kUnwritten);
-    host.matmul(weights[i]->view(), row_begins[i], rows[i], x.data(), n, cpu_y.data());
-    const ErrorFigures c = report("matmul_group", name + " vs cpu", got, widen(cpu_y));
-    EXPECT_LT(c.normalised, tol) << name << " vs cpu";
+    expect_matmul_output(host, *weights[i], row_begins[i], rows[i], x, n,
+                         to_host(be, targets[i].y, static_cast<size_t>(n * rows[i])),
+                         "matmul_group", label + " target " + std::to_string(i), tol);
   }
 }
 
