@@ -12,6 +12,13 @@ void Backend::matmul_group(std::span<const MatmulTarget> targets, const float* x
   }
 }
 
+void Backend::add_rms_norm_matmul_group(float* residual, const float* delta,
+                                        const DenseView& gain, int64_t n, int64_t dim, float eps,
+                                        float* normed, std::span<const MatmulTarget> targets) {
+  add_rms_norm(residual, delta, gain, n, dim, eps, normed);
+  matmul_group(targets, normed, n);
+}
+
 void Backend::expert_swiglu_with_shared(const QuantView& gate, const QuantView& up,
                                         const int32_t* ids, int64_t k, float* h,
                                         const QuantView& shared_gate, const QuantView& shared_up,

@@ -121,6 +121,13 @@ class Backend {
   // each target. A device backend issues a group as one launch where it can (lily-reference
   // §9.9); the default runs the targets one after another.
   virtual void matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t n);
+  // add_rms_norm(residual, delta, gain, n, dim, eps, normed), then matmul_group(targets,
+  // normed, n): a residual add + norm and the projection group that reads its output. A
+  // device backend may fold the norm into the projections' launch; the default runs the two.
+  virtual void add_rms_norm_matmul_group(float* residual, const float* delta,
+                                         const DenseView& gain, int64_t n, int64_t dim,
+                                         float eps, float* normed,
+                                         std::span<const MatmulTarget> targets);
   // out = x / sqrt(mean(x^2) + eps) * gain             x, out [n, dim]; gain BF16 [dim], baked
   virtual void rms_norm(const float* x, const DenseView& gain, int64_t n, int64_t dim, float eps,
                         float* out) = 0;

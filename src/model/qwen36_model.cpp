@@ -87,19 +87,30 @@ void Qwen36Model::layers_forward(DecodeState& state, SeqPos pos, int64_t n) {
   const auto H = static_cast<int64_t>(shape_.hidden_size);
   be.embed(weights_.embed, ids_, n, residual_);
   be.rms_norm(residual_, weights_.layers[0].input_norm, n, H, eps_, normed_);
+  // Each residual add + norm runs together with the projections that read it (`project`):
+  // `pending` is the norm still owed to the residual stream when the next block starts.
+  const DenseView* pending = nullptr;
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
     const LayerWeights& layer = weights_.layers[i];
     if (layer.kind == LayerKind::linear_attention) {
-      delta_net_mixer(layer, state.delta_net[i], n);
+      delta_net_mixer(layer, state.delta_net[i], n, pending);
     } else {
-      attention_mixer(layer, state.attention[i], state.capacity, pos, n);
+      attention_mixer(layer, state.attention[i], state.capacity, pos, n, pending);
     }
-    be.add_rms_norm(residual_, delta_, layer.post_attention_norm, n, H, eps_, normed_);
-    moe(layer, n);
-    const DenseView& next_norm = i + 1 < weights_.layers.size()
-                                     ? weights_.layers[i + 1].input_norm
-                                     : weights_.final_norm;
-    be.add_rms_norm(residual_, delta_, next_norm, n, H, eps_, normed_);
+    moe(layer, n, &layer.post_attention_norm);
+    pending = i + 1 < weights_.layers.size() ? &weights_.layers[i + 1].input_norm : nullptr;
+  }
+  be.add_rms_norm(residual_, delta_, weights_.final_norm, n, H, eps_, normed_);
+}
+
+void Qwen36Model::project(std::span<const MatmulTarget> targets, int64_t n,
+                          const DenseView* pending_norm) {
+  if (pending_norm == nullptr) {
+    backend_.matmul_group(targets, normed_, n);
+  } else {
+    backend_.add_rms_norm_matmul_group(residual_, delta_, *pending_norm, n,
+                                       static_cast<int64_t>(shape_.hidden_size), eps_, normed_,
+                                       targets);
   }
 }
 
@@ -149,7 +160,7 @@ void Qwen36Model::decode_step(DecodeState& state) {
 }
 
 void Qwen36Model::delta_net_mixer(const LayerWeights& layer, DecodeState::DeltaNetState& s,
-                                  int64_t n) {
+                                  int64_t n, const DenseView* pending_norm) {
   Backend& be = backend_;
   const GatedDeltaNetWeights& w = layer.gdn;
   const int64_t C = gdn_dims_.channels();
@@ -159,7 +170,7 @@ void Qwen36Model::delta_net_mixer(const LayerWeights& layer, DecodeState::DeltaN
                                       {&w.in_proj_z, 0, Hv * Dv, z_},
                                       {&w.in_proj_a, 0, Hv, a_},
                                       {&w.in_proj_b, 0, Hv, b_}};
-  be.matmul_group(projections, normed_, n);
+  project(projections, n, pending_norm);
   be.conv1d_silu(mixed_, s.conv_window, w.conv1d, gdn_dims_, n, conv_out_);
   be.gated_delta_rule(conv_out_, a_, b_, w.a_log, w.dt_bias, s.recurrent, gdn_dims_, n, gdn_out_);
   be.gated_rms_norm(gdn_out_, z_, w.norm, n * Hv, Dv, eps_, gdn_normed_);
@@ -167,7 +178,8 @@ void Qwen36Model::delta_net_mixer(const LayerWeights& layer, DecodeState::DeltaN
 }
 
 void Qwen36Model::attention_mixer(const LayerWeights& layer, DecodeState::AttentionCache& cache,
-                                  int64_t capacity, SeqPos start_pos, int64_t n) {
+                                  int64_t capacity, SeqPos start_pos, int64_t n,
+                                  const DenseView* pending_norm) {
   Backend& be = backend_;
   const AttentionWeights& w = layer.attn;
   const int64_t kv_rows = attn_dims_.kv_heads * attn_dims_.head_dim;
@@ -175,21 +187,21 @@ void Qwen36Model::attention_mixer(const LayerWeights& layer, DecodeState::Attent
       {&w.q_proj, 0, static_cast<int64_t>(shape_.attn_q_rows()), qg_},
       {&w.k_proj, 0, kv_rows, k_},
       {&w.v_proj, 0, kv_rows, v_}};
-  be.matmul_group(projections, normed_, n);
+  project(projections, n, pending_norm);
   be.attention_prepare(qg_, k_, w.q_norm, w.k_norm, attn_dims_, start_pos, n, eps_);
   be.attention(qg_, k_, v_, cache.keys, cache.values, capacity, attn_dims_, start_pos, n,
                attn_out_);
   be.matmul(w.o_proj, 0, static_cast<int64_t>(shape_.hidden_size), attn_out_, n, delta_);
 }
 
-void Qwen36Model::moe(const LayerWeights& layer, int64_t n) {
+void Qwen36Model::moe(const LayerWeights& layer, int64_t n, const DenseView* pending_norm) {
   Backend& be = backend_;
   const MoeWeights& w = layer.moe;
   const auto E = static_cast<int64_t>(shape_.num_experts);
   const auto k = static_cast<int64_t>(shape_.num_experts_per_tok);
   const MatmulTarget gates[] = {{&w.router, 0, E, router_logits_},
                                 {&w.shared_expert_gate, 0, 1, shared_logit_}};
-  be.matmul_group(gates, normed_, n);
+  project(gates, n, pending_norm);
   be.route_expert_swiglu(router_logits_, E, k, expert_ids_, expert_weights_, w.experts_gate,
                          w.experts_up, expert_h_, w.shared_gate, w.shared_up, shared_h_, normed_,
                          n);

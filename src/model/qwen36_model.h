@@ -58,10 +58,15 @@ class Qwen36Model {
   void layers_forward(DecodeState& state, SeqPos pos, int64_t n);
   void head(int64_t n);
   void sync_device_position(DecodeState& state);
-  void delta_net_mixer(const LayerWeights& layer, DecodeState::DeltaNetState& s, int64_t n);
+  // The projections that read normed_: matmul_group on normed_, or, when pending_norm is set,
+  // residual_ += delta_ and normed_ = rms_norm(residual_) * pending_norm first, as one op.
+  void project(std::span<const MatmulTarget> targets, int64_t n, const DenseView* pending_norm);
+  void delta_net_mixer(const LayerWeights& layer, DecodeState::DeltaNetState& s, int64_t n,
+                       const DenseView* pending_norm);
   void attention_mixer(const LayerWeights& layer, DecodeState::AttentionCache& cache,
-                       int64_t capacity, SeqPos start_pos, int64_t n);
-  void moe(const LayerWeights& layer, int64_t n);
+                       int64_t capacity, SeqPos start_pos, int64_t n,
+                       const DenseView* pending_norm);
+  void moe(const LayerWeights& layer, int64_t n, const DenseView* pending_norm);
 
   const ModelWeights& weights_;
   ModelShape shape_;

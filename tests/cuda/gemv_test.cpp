@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -223,6 +225,56 @@ TEST(CudaGemv, MatmulGroupOneLaunchPerGroup) {
   const QuantWeight w8(rng, 8, 1, 12, 128, 0, "w8");
   check_group(*be, *host, {&w4, &w8}, {0, 0}, {20, 12}, 2, rng, "q4|q8 n=2");
   check_group(*be, *host, {&w4, &w8}, {0, 0}, {20, 12}, 17, rng, "q4|q8 n=17", 1e-4);
+}
+
+// add_rms_norm_matmul_group with LILY_CUDA_FUSED_NORM=1: the norm formed in the GEMV's
+// staging, the residual and normed written by the last block. Against the CPU backend's
+// add_rms_norm + matmul_group, twice in a row (the second launch finds the count reset).
+TEST(CudaGemv, NormFoldedIntoTheProjectionGroup) {
+  setenv("LILY_CUDA_FUSED_NORM", "1", 1);
+  std::string why;
+  std::unique_ptr<Backend> be = cuda_backend_or_null(&why);
+  unsetenv("LILY_CUDA_FUSED_NORM");
+  if (!be) GTEST_SKIP() << "no usable CUDA device: " << why;
+  auto host = cpu();
+  Rng rng(310);
+  constexpr int64_t kDim = 256;
+  const DenseTensor gain(DType::BF16, {kDim}, rng.uniform_vector(kDim, 0.5f, 1.5f), "norm");
+  for (int bits : {4, 8}) {
+    const QuantWeight w0(rng, bits, 1, 300, kDim, 0, "w0");
+    const QuantWeight w1(rng, bits, 1, 7, kDim, 0, "w1");
+    for (int64_t n : {1, 2}) {
+      const auto count = static_cast<size_t>(n * kDim);
+      std::vector<float> residual = rng.uniform_vector(count, -3.0f, 3.0f);
+      float* dev_residual = to_device(*be, residual);
+      for (int call = 0; call < 2; ++call) {
+        const std::string label = bits_label(bits) + " n=" + std::to_string(n) + " call " +
+                                  std::to_string(call);
+        const std::vector<float> delta = rng.uniform_vector(count, -1.0f, 1.0f);
+        float* dev_normed = unwritten(*be, count);
+        float* dev_y0 = unwritten(*be, static_cast<size_t>(n) * 300);
+        float* dev_y1 = unwritten(*be, static_cast<size_t>(n) * 7);
+        const MatmulTarget dev_targets[] = {{&w0.view(), 0, 300, dev_y0}, {&w1.view(), 0, 7, dev_y1}};
+        be->add_rms_norm_matmul_group(dev_residual, to_device(*be, delta), gain.view(), n, kDim,
+                                      1e-6f, dev_normed, dev_targets);
+        std::vector<float> normed(count, kUnwritten);
+        std::vector<float> y0(static_cast<size_t>(n) * 300, kUnwritten);
+        std::vector<float> y1(static_cast<size_t>(n) * 7, kUnwritten);
+        const MatmulTarget host_targets[] = {{&w0.view(), 0, 300, y0.data()},
+                                             {&w1.view(), 0, 7, y1.data()}};
+        host->add_rms_norm_matmul_group(residual.data(), delta.data(), gain.view(), n, kDim, 1e-6f,
+                                        normed.data(), host_targets);
+        EXPECT_LT(report("add_rms_norm_matmul_group", label + " residual",
+                         to_host(*be, dev_residual, count), widen(residual)).normalised, kTol);
+        EXPECT_LT(report("add_rms_norm_matmul_group", label + " normed",
+                         to_host(*be, dev_normed, count), widen(normed)).normalised, kTol);
+        EXPECT_LT(report("add_rms_norm_matmul_group", label + " target 0",
+                         to_host(*be, dev_y0, y0.size()), widen(y0)).normalised, kTol);
+        EXPECT_LT(report("add_rms_norm_matmul_group", label + " target 1",
+                         to_host(*be, dev_y1, y1.size()), widen(y1)).normalised, kTol);
+      }
+    }
+  }
 }
 
 // ---- embed ---------------------------------------------------------------------------------

@@ -46,8 +46,7 @@ INSTANTIATE_TEST_SUITE_P(Tiny, CudaGoldenTest, ::testing::ValuesIn(golden_files(
 // Every decode step after the second replays a captured graph that reads the token and the
 // position from device memory. If a replay used a stale position (RoPE, KV row, causal
 // length) or token, its logits would leave the CPU's, which recomputes everything per step.
-TEST(CudaDecode, GraphReplayedStepsTrackTheCpuStepByStep) {
-  LILY_CUDA_BACKEND_OR_SKIP(gpu);
+void expect_decode_tracks_cpu(Backend& gpu, const char* label) {
   std::unique_ptr<Backend> host = make_cpu_backend(2);
   const Checkpoint& checkpoint = tiny_checkpoint(1);
   const std::vector<int32_t> prompt = {11, 7, 300, 42, 5};  // <= 8 tokens: the f32 path
@@ -55,8 +54,8 @@ TEST(CudaDecode, GraphReplayedStepsTrackTheCpuStepByStep) {
   options.max_tokens = 40;
   options.top_logits = 8;
   std::vector<GenerationResult> results;
-  for (Backend* be : {gpu.get(), host.get()}) {
-    Qwen36Model model(checkpoint, *be, be == gpu.get() ? kCudaChunk : 256);
+  for (Backend* be : {&gpu, host.get()}) {
+    Qwen36Model model(checkpoint, *be, be == &gpu ? kCudaChunk : 256);
     DecodeState state(*be, checkpoint.config.shape, 64);
     results.push_back(generate_greedy(model, state, prompt, options));
   }
@@ -74,7 +73,24 @@ TEST(CudaDecode, GraphReplayedStepsTrackTheCpuStepByStep) {
       EXPECT_LT(err, 1e-4) << "step " << i << " rank " << j;
     }
   }
-  std::printf("[cuda] 40 decode steps vs CPU: worst relative top-8 logit error %.3g\n", worst);
+  std::printf("[cuda] 40 decode steps vs CPU%s: worst relative top-8 logit error %.3g\n", label,
+              worst);
+}
+
+TEST(CudaDecode, GraphReplayedStepsTrackTheCpuStepByStep) {
+  LILY_CUDA_BACKEND_OR_SKIP(gpu);
+  expect_decode_tracks_cpu(*gpu, "");
+}
+
+// The same with LILY_CUDA_FUSED_NORM=1: every residual add + norm but the last folded into the
+// projections that read it (NormPrologue; the last block to stage writes the residual).
+TEST(CudaDecode, FusedNormStepsTrackTheCpuStepByStep) {
+  setenv("LILY_CUDA_FUSED_NORM", "1", 1);
+  std::string why;
+  std::unique_ptr<Backend> gpu = cuda_backend_or_null(&why);
+  unsetenv("LILY_CUDA_FUSED_NORM");
+  if (!gpu) GTEST_SKIP() << "no usable CUDA device: " << why;
+  expect_decode_tracks_cpu(*gpu, " (fused norm)");
 }
 
 // The pipelined API (two steps in flight, token ids never read by the host before the next

@@ -10,6 +10,7 @@
 #                        profile     Nsight Compute kernel durations of a short full-checkpoint
 #                                    run (prefill, eager decode step, graph replays) to
 #                                    ncu-decode.csv, and one `lily bench` arm at 256 tokens
+#                                    (default, LILY_CUDA_PDL=0, LILY_CUDA_FUSED_NORM=1)
 #   LILY_CONTEXTS      CUDA matrix contexts (default 256,1024,4096,16384,65536,131072)
 #   LILY_CPU_CONTEXTS  CPU matrix contexts (default 256,512,1024); LILY_THREADS (default 16)
 #   LILY_GTEST_FILTER  gtest filter for cuda_tests (default all)
@@ -71,6 +72,9 @@ if has_stage profile; then
   # The same arm without programmatic dependent launch: what the launch overlap buys.
   LILY_CUDA_PDL=0 "$lily" bench --model "$ckpt" --prompt-len 256 --device cuda \
     --json-out "$out/bench-256-nopdl.json" 2>&1 | tail -1
+  # And with the add+RMSNorm folded into the projections (experimental, off by default).
+  LILY_CUDA_FUSED_NORM=1 "$lily" bench --model "$ckpt" --prompt-len 256 --device cuda \
+    --json-out "$out/bench-256-fusednorm.json" 2>&1 | tail -1
 fi
 
 if has_stage tests; then

@@ -160,6 +160,8 @@ CudaBackend::CudaBackend() {
   // to measure what it buys.
   const char* pdl = std::getenv("LILY_CUDA_PDL");
   cuda::set_pdl_enabled(prop.major >= 9 && !(pdl != nullptr && std::string(pdl) == "0"));
+  const char* fused_norm = std::getenv("LILY_CUDA_FUSED_NORM");
+  fused_norm_ = fused_norm != nullptr && std::string(fused_norm) == "1";
   LILY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   workspace_ = std::make_unique<CudaWorkspace>(stream_);
   LILY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_reads_), 2 * sizeof(int32_t),
@@ -442,6 +444,44 @@ void CudaBackend::matmul_group(std::span<const MatmulTarget> targets, const floa
     return;
   }
   for (const MatmulTarget& t : targets) matmul(*t.w, t.row_begin, t.rows, x, n, t.y);
+}
+
+void CudaBackend::add_rms_norm_matmul_group(float* residual, const float* delta,
+                                            const DenseView& gain, int64_t n, int64_t dim,
+                                            float eps, float* normed,
+                                            std::span<const MatmulTarget> targets) {
+  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  bool fold = fused_norm_ && n <= 2 && dim % 4 == 0 && !targets.empty() &&
+              targets.size() <= cuda::kMaxGemvTargets && aligned(residual) && aligned(delta) &&
+              aligned(normed) && static_cast<size_t>(n * dim) * sizeof(float) <= 40 * 1024;
+  cuda::GemvTarget batch[cuda::kMaxGemvTargets];
+  for (size_t i = 0; fold && i < targets.size(); ++i) {
+    const MatmulTarget& t = targets[i];
+    require(t.w != nullptr, "add_rms_norm_matmul_group", "null weight");
+    const cuda::QuantMatrix& m = quant(*t.w);
+    check_matmul(m, *t.w, t.row_begin, t.rows, normed, n, t.y, "add_rms_norm_matmul_group");
+    batch[i] = cuda::GemvTarget{m, t.row_begin, t.rows, t.y};
+    fold = m.in == dim && m.bits == batch[0].w.bits;
+  }
+  if (!fold) {
+    Backend::add_rms_norm_matmul_group(residual, delta, gain, n, dim, eps, normed, targets);
+    return;
+  }
+  check_dense(gain, dim, "add_rms_norm_matmul_group");
+  require(residual != nullptr && delta != nullptr && normed != nullptr,
+          "add_rms_norm_matmul_group", "null buffers");
+  if (norm_counter_ == nullptr) {
+    // device_alloc zero-fills; the first (eager) decode step gets here before any capture.
+    norm_counter_ = static_cast<unsigned*>(device_alloc(sizeof(unsigned)));
+  }
+  cuda::NormPrologue norm;
+  norm.residual = residual;
+  norm.delta = delta;
+  norm.gain = dense(gain);
+  norm.eps = eps;
+  norm.normed = normed;
+  norm.counter = norm_counter_;
+  cuda::gemv_batch(batch, static_cast<int>(targets.size()), normed, n, stream_, norm);
 }
 
 void CudaBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x,

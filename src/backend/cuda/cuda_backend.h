@@ -68,6 +68,9 @@ class CudaBackend final : public Backend {
   void matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
               float* y) override;
   void matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t n) override;
+  void add_rms_norm_matmul_group(float* residual, const float* delta, const DenseView& gain,
+                                 int64_t n, int64_t dim, float eps, float* normed,
+                                 std::span<const MatmulTarget> targets) override;
   void rms_norm(const float* x, const DenseView& gain, int64_t n, int64_t dim, float eps,
                 float* out) override;
   void add_rms_norm(float* residual, const float* delta, const DenseView& gain, int64_t n,
@@ -124,6 +127,10 @@ class CudaBackend final : public Backend {
   std::vector<cudaGraphExec_t> graphs_;
   cudaGraph_t capture_ = nullptr;
   int32_t* pinned_reads_ = nullptr;  // [2] pinned host i32, the read_async slots
+  // LILY_CUDA_FUSED_NORM=1: add_rms_norm_matmul_group folds the norm into the projections'
+  // launch (cuda::NormPrologue). Off by default until it is measured and tested on a GPU.
+  bool fused_norm_ = false;
+  unsigned* norm_counter_ = nullptr;  // [1] device (in allocations_), zero between launches
   cudaEvent_t read_events_[2] = {nullptr, nullptr};
 };
 

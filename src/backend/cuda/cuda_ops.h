@@ -70,7 +70,21 @@ struct GemvTarget {
   float* y = nullptr;  // [n, rows] f32
 };
 inline constexpr int kMaxGemvTargets = 4;
-void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s);
+// Optional prologue of a batch with n <= 2 tokens: the input is not read from x but formed
+// from the residual stream, as add_rms_norm would: v = residual + delta,
+// x = v / sqrt(mean(v^2) + eps) * gain, staged per block. The last block to finish staging
+// (an atomic count in *counter, which it resets to 0) writes v back to residual and x to
+// normed, for the later ops; no block reads residual after that point.
+struct NormPrologue {
+  float* residual = nullptr;     // [n, in] f32, updated; nullptr: no prologue
+  const float* delta = nullptr;  // [n, in] f32
+  const float* gain = nullptr;   // [in] f32
+  float eps = 0.0f;
+  float* normed = nullptr;       // [n, in] f32 out
+  unsigned* counter = nullptr;   // zero before the launch; zero again after it
+};
+void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s,
+                const NormPrologue& norm = NormPrologue{});
 
 // out[t] = index of the largest logit (lowest index on ties; NaN never wins over a number,
 // where the CPU's strict scan would keep a NaN at index 0: a difference only for NaN logits).

@@ -50,7 +50,81 @@ struct GemvBatch {
   GemvTarget target[kMaxGemvTargets];
   unsigned block_end[kMaxGemvTargets] = {};
   int count = 0;
+  NormPrologue norm;  // active when norm.residual != nullptr (kShared kernels only)
 };
+
+// Sum of one value per thread over the block (kGemvThreads); every thread gets the total,
+// summed in the same order in every block.
+__device__ __forceinline__ float gemv_block_sum(float v) {
+  __shared__ float partial[kGemvThreads / 32];
+  v = warp_sum(v);
+  __syncthreads();  // partial may still be read from a previous call
+  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float total = 0.0f;
+#pragma unroll
+  for (int w = 0; w < kGemvThreads / 32; ++w) total += partial[w];
+  return total;
+}
+
+// The NormPrologue: stages rms_norm(residual + delta) * gain for NT tokens of `in` values
+// (in % 4 == 0, 16-byte aligned rows: the launcher checks), swizzled for SharedActs.
+// Returns whether this block was the last to stage (it then wrote residual and normed).
+template <int Bits, int NT>
+__device__ void stage_normed(const NormPrologue& p, int64_t in, float4* staged) {
+  constexpr int F = Chunk<Bits>::kValues / 4;
+  const int64_t quads = in / 4;
+  float inv[NT];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const auto* r = reinterpret_cast<const float4*>(p.residual + t * in);
+    const auto* d = reinterpret_cast<const float4*>(p.delta + t * in);
+    float sum_sq = 0.0f;
+    for (int64_t q = threadIdx.x; q < quads; q += kGemvThreads) {
+      const float4 a = r[q];
+      const float4 b = __ldg(d + q);
+      const float4 v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+      sum_sq = fmaf(v.x, v.x, sum_sq);
+      sum_sq = fmaf(v.y, v.y, sum_sq);
+      sum_sq = fmaf(v.z, v.z, sum_sq);
+      sum_sq = fmaf(v.w, v.w, sum_sq);
+    }
+    inv[t] = 1.0f / sqrtf(gemv_block_sum(sum_sq) / static_cast<float>(in) + p.eps);
+  }
+  // The normalised values, staged (the second read of residual and delta hits L1/L2).
+  const auto form = [&](int t, int64_t q, float4& v) {
+    const float4 a = reinterpret_cast<const float4*>(p.residual + t * in)[q];
+    const float4 b = __ldg(reinterpret_cast<const float4*>(p.delta + t * in) + q);
+    v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+    const float4 g = __ldg(reinterpret_cast<const float4*>(p.gain) + q);
+    return make_float4(v.x * inv[t] * g.x, v.y * inv[t] * g.y, v.z * inv[t] * g.z,
+                       v.w * inv[t] * g.w);
+  };
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    for (int64_t q = threadIdx.x; q < quads; q += kGemvThreads) {
+      float4 v;
+      const int64_t f = t * quads + q;  // flat float4 index: chunk f / F, float4 f % F
+      staged[gemv_detail::swizzled_float4<Bits>(f / F, static_cast<int>(f % F))] = form(t, q, v);
+    }
+  }
+  // Every block has read residual once its count is in: the last one may overwrite it.
+  __shared__ bool last;
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(p.counter, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    for (int64_t q = threadIdx.x; q < quads; q += kGemvThreads) {
+      float4 v;
+      const float4 o = form(t, q, v);
+      reinterpret_cast<float4*>(p.residual + t * in)[q] = v;
+      reinterpret_cast<float4*>(p.normed + t * in)[q] = o;
+    }
+  }
+  if (threadIdx.x == 0) *p.counter = 0;  // for the next launch (stream order)
+}
 
 // For each target: y[t, r] = W[row_begin + r] . x[t] for r < rows, t < NT.
 // x [NT, in] f32 (every target has the same `in`); y [NT, rows] f32 per target.
@@ -111,7 +185,11 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
   constexpr int kUnroll = kRows >= 8 ? kGemvUnroll : 8 / kRows;
   if constexpr (kShared) {
     extern __shared__ float4 staged[];
-    gemv_detail::stage_acts<Bits>(x, NT * w.in, x_vec, 0, staged);
+    if (batch.norm.residual != nullptr) {
+      stage_normed<Bits, NT>(batch.norm, w.in, staged);
+    } else {
+      gemv_detail::stage_acts<Bits>(x, NT * w.in, x_vec, 0, staged);
+    }
     __syncthreads();
     if (!live) return;  // after the wait and the block's sync
     gemv_detail::rows_dot<Bits, kRows, NT, kUnroll>(codes, scales, biases,
@@ -147,11 +225,13 @@ int sm_count() {
 }
 
 template <int Bits, int NT, int kRows>
-void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, cudaStream_t s) {
+void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, cudaStream_t s,
+                      const NormPrologue& norm) {
   const int lanes = gemv_detail::lanes_for_chunks(targets[0].w.in / Chunk<Bits>::kValues);
   const int64_t rows_per_block = (kGemvThreads / 32) * (32 / lanes) * kRows;
   GemvBatch batch;
   batch.count = count;
+  batch.norm = norm;
   int64_t blocks = 0;
   for (int i = 0; i < count; ++i) {
     batch.target[i] = targets[i];
@@ -168,6 +248,9 @@ void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, cuda
                     kGemvThreads, act_bytes, s, batch, x, lanes, gemv_detail::aligned16(x));
     }
   }
+  if (norm.residual != nullptr) {
+    throw std::invalid_argument("cuda::gemv_batch: the norm prologue needs n <= 2 and staged activations");
+  }
   {
     launch(gemv_kernel<Bits, NT, kRows, false>, static_cast<unsigned>(blocks), kGemvThreads, 0, s,
            batch, x, lanes, gemv_detail::aligned16(x));
@@ -175,7 +258,8 @@ void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, cuda
 }
 
 template <int Bits, int NT>
-void launch_gemv(const GemvTarget* targets, int count, const float* x, cudaStream_t s) {
+void launch_gemv(const GemvTarget* targets, int count, const float* x, cudaStream_t s,
+                 const NormPrologue& norm) {
   if constexpr (kGemvRows<NT> == 8) {
     const int lanes = gemv_detail::lanes_for_chunks(targets[0].w.in / Chunk<Bits>::kValues);
     const int64_t segments_per_block = (kGemvThreads / 32) * (32 / lanes);
@@ -183,24 +267,27 @@ void launch_gemv(const GemvTarget* targets, int count, const float* x, cudaStrea
     for (int i = 0; i < count; ++i) rows += targets[i].rows;
     const auto blocks_at = [&](int r) { return (rows + segments_per_block * r - 1) / (segments_per_block * r); };
     if (blocks_at(8) < sm_count()) {
-      if (blocks_at(2) >= sm_count()) return launch_gemv_rows<Bits, NT, 2>(targets, count, x, s);
-      return launch_gemv_rows<Bits, NT, 1>(targets, count, x, s);
+      if (blocks_at(2) >= sm_count()) {
+        return launch_gemv_rows<Bits, NT, 2>(targets, count, x, s, norm);
+      }
+      return launch_gemv_rows<Bits, NT, 1>(targets, count, x, s, norm);
     }
   }
-  launch_gemv_rows<Bits, NT, kGemvRows<NT>>(targets, count, x, s);
+  launch_gemv_rows<Bits, NT, kGemvRows<NT>>(targets, count, x, s, norm);
 }
 
 template <int Bits>
-void gemv_bits(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s) {
+void gemv_bits(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s,
+               const NormPrologue& norm) {
   switch (n) {
-    case 1: return launch_gemv<Bits, 1>(targets, count, x, s);
-    case 2: return launch_gemv<Bits, 2>(targets, count, x, s);
-    case 3: return launch_gemv<Bits, 3>(targets, count, x, s);
-    case 4: return launch_gemv<Bits, 4>(targets, count, x, s);
-    case 5: return launch_gemv<Bits, 5>(targets, count, x, s);
-    case 6: return launch_gemv<Bits, 6>(targets, count, x, s);
-    case 7: return launch_gemv<Bits, 7>(targets, count, x, s);
-    case 8: return launch_gemv<Bits, 8>(targets, count, x, s);
+    case 1: return launch_gemv<Bits, 1>(targets, count, x, s, norm);
+    case 2: return launch_gemv<Bits, 2>(targets, count, x, s, norm);
+    case 3: return launch_gemv<Bits, 3>(targets, count, x, s, norm);
+    case 4: return launch_gemv<Bits, 4>(targets, count, x, s, norm);
+    case 5: return launch_gemv<Bits, 5>(targets, count, x, s, norm);
+    case 6: return launch_gemv<Bits, 6>(targets, count, x, s, norm);
+    case 7: return launch_gemv<Bits, 7>(targets, count, x, s, norm);
+    case 8: return launch_gemv<Bits, 8>(targets, count, x, s, norm);
     default:
       throw std::invalid_argument("cuda::gemv: n = " + std::to_string(n) + " outside 1..8");
   }
@@ -343,9 +430,17 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 
 }  // namespace
 
-void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n,
-                cudaStream_t s) {
+void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s,
+                const NormPrologue& norm) {
   if (n <= 0 || count <= 0) return;
+  if (norm.residual != nullptr &&
+      (n > 2 || norm.delta == nullptr || norm.gain == nullptr || norm.normed == nullptr ||
+       norm.counter == nullptr || targets[0].w.in % 4 != 0 ||
+       !gemv_detail::aligned16(norm.residual) || !gemv_detail::aligned16(norm.delta) ||
+       !gemv_detail::aligned16(norm.gain) || !gemv_detail::aligned16(norm.normed))) {
+    throw std::invalid_argument(
+        "cuda::gemv_batch: the norm prologue needs n <= 2, all its buffers, 16-byte alignment");
+  }
   if (count > kMaxGemvTargets) {
     throw std::invalid_argument("cuda::gemv_batch: more than " + std::to_string(kMaxGemvTargets) +
                                 " targets");
@@ -358,9 +453,9 @@ void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n,
     }
   }
   if (targets[0].w.bits == 4) {
-    gemv_bits<4>(targets, count, x, n, s);
+    gemv_bits<4>(targets, count, x, n, s, norm);
   } else if (targets[0].w.bits == 8) {
-    gemv_bits<8>(targets, count, x, n, s);
+    gemv_bits<8>(targets, count, x, n, s, norm);
   } else {
     throw std::invalid_argument("cuda::gemv: bits must be 4 or 8");
   }

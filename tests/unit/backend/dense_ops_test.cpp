@@ -145,6 +145,31 @@ TEST(BackendMatmul, GroupRunsEveryTargetOnTheSameInput) {
   EXPECT_THROW(be->matmul_group(null_weight, x.data(), 1), std::invalid_argument);
 }
 
+TEST(BackendMatmul, AddNormThenGroupIsTheTwoOps) {
+  Rng rng(58);
+  auto be = cpu(2);
+  const QuantWeight w(rng, 4, 1, 12, 128, 0, "w");
+  const DenseTensor gain(DType::BF16, {128}, rng.uniform_vector(128, 0.5f, 1.5f), "norm");
+  const int64_t n = 2;
+  const std::vector<float> residual0 = rng.uniform_vector(n * 128, -3.0f, 3.0f);
+  const std::vector<float> delta = rng.uniform_vector(n * 128, -1.0f, 1.0f);
+  std::vector<float> residual = residual0;
+  std::vector<float> normed(n * 128, 1e30f);
+  std::vector<float> y(n * 12, 1e30f);
+  const MatmulTarget targets[] = {{&w.view(), 0, 12, y.data()}};
+  be->add_rms_norm_matmul_group(residual.data(), delta.data(), gain.view(), n, 128, 1e-6f,
+                                normed.data(), targets);
+  std::vector<float> want_residual = residual0;
+  std::vector<float> want_normed(n * 128, 1e30f);
+  be->add_rms_norm(want_residual.data(), delta.data(), gain.view(), n, 128, 1e-6f,
+                   want_normed.data());
+  EXPECT_EQ(residual, want_residual);
+  EXPECT_EQ(normed, want_normed);
+  EXPECT_LT(report("add_rms_norm_matmul_group", "projection of the normed input", y,
+                   ref::matmul(w.view(), 0, 12, widen(want_normed), n)).normalised,
+            kTol);
+}
+
 TEST(BackendRmsNorm, RandomRowsBf16AndF32Gains) {
   Rng rng(21);
   auto be = cpu();
