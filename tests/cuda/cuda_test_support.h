@@ -17,6 +17,11 @@ namespace lily::testing {
 // The CUDA backend, or nullptr with the reason in `why` (no GPU, built without CUDA).
 std::unique_ptr<Backend> cuda_backend_or_null(std::string* why);
 
+// The CUDA backend built while the environment variable `name` is `value` (a backend option
+// read at construction, e.g. LILY_CUDA_FUSED_NORM=1); the variable is unset afterwards.
+std::unique_ptr<Backend> cuda_backend_with_env_or_null(const char* name, const char* value,
+                                                       std::string* why);
+
 // Declares `be` as the CUDA backend, or marks the test SKIPPED (visibly) when there is none.
 #define LILY_CUDA_BACKEND_OR_SKIP(be)                                   \
   std::string lily_skip_reason_;                                        \

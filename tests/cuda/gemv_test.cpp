@@ -231,10 +231,8 @@ TEST(CudaGemv, MatmulGroupOneLaunchPerGroup) {
 // staging, the residual and normed written by the last block. Against the CPU backend's
 // add_rms_norm + matmul_group, twice in a row (the second launch finds the count reset).
 TEST(CudaGemv, NormFoldedIntoTheProjectionGroup) {
-  setenv("LILY_CUDA_FUSED_NORM", "1", 1);
   std::string why;
-  std::unique_ptr<Backend> be = cuda_backend_or_null(&why);
-  unsetenv("LILY_CUDA_FUSED_NORM");
+  std::unique_ptr<Backend> be = cuda_backend_with_env_or_null("LILY_CUDA_FUSED_NORM", "1", &why);
   if (!be) GTEST_SKIP() << "no usable CUDA device: " << why;
   auto host = cpu();
   Rng rng(310);

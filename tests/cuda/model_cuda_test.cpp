@@ -85,10 +85,8 @@ TEST(CudaDecode, GraphReplayedStepsTrackTheCpuStepByStep) {
 // The same with LILY_CUDA_FUSED_NORM=1: every residual add + norm but the last folded into the
 // projections that read it (NormPrologue; the last block to stage writes the residual).
 TEST(CudaDecode, FusedNormStepsTrackTheCpuStepByStep) {
-  setenv("LILY_CUDA_FUSED_NORM", "1", 1);
   std::string why;
-  std::unique_ptr<Backend> gpu = cuda_backend_or_null(&why);
-  unsetenv("LILY_CUDA_FUSED_NORM");
+  std::unique_ptr<Backend> gpu = cuda_backend_with_env_or_null("LILY_CUDA_FUSED_NORM", "1", &why);
   if (!gpu) GTEST_SKIP() << "no usable CUDA device: " << why;
   expect_decode_tracks_cpu(*gpu, " (fused norm)");
 }
