@@ -19,6 +19,13 @@ void Backend::add_rms_norm_matmul_group(float* residual, const float* delta,
   matmul_group(targets, normed, n);
 }
 
+void Backend::gated_rms_norm_matmul(const float* x, const float* z, const DenseView& gain,
+                                    int64_t rows, int64_t dim, float eps, float* scratch,
+                                    const QuantView& w, int64_t n, float* y) {
+  gated_rms_norm(x, z, gain, rows, dim, eps, scratch);
+  matmul(w, 0, static_cast<int64_t>(w.rows()), scratch, n, y);
+}
+
 void Backend::expert_swiglu_with_shared(const QuantView& gate, const QuantView& up,
                                         const int32_t* ids, int64_t k, float* h,
                                         const QuantView& shared_gate, const QuantView& shared_up,

@@ -164,6 +164,13 @@ class Backend {
                                 const DenseView& a_log, const DenseView& dt_bias, float* state,
                                 const GatedDeltaNetDims& dims, int64_t n, float* out) = 0;
 
+  // y [n, w.rows()] = W gated_rms_norm(x, z, gain, rows, dim, eps): the Gated DeltaNet's
+  // output norm and its output projection (x, z [n, rows / n * dim], rows = n * heads).
+  // `scratch` [rows, dim] holds the normed values in the default (the two ops); a backend
+  // that fuses them may leave it unwritten.
+  virtual void gated_rms_norm_matmul(const float* x, const float* z, const DenseView& gain,
+                                     int64_t rows, int64_t dim, float eps, float* scratch,
+                                     const QuantView& w, int64_t n, float* y);
   // out = rms_norm(x per head) * gain * silu(z)        x, z, out [rows, dim]; gain [dim] plain
   virtual void gated_rms_norm(const float* x, const float* z, const DenseView& gain,
                               int64_t rows, int64_t dim, float eps, float* out) = 0;

@@ -173,8 +173,8 @@ void Qwen36Model::delta_net_mixer(const LayerWeights& layer, DecodeState::DeltaN
   project(projections, n, pending_norm);
   be.conv1d_silu(mixed_, s.conv_window, w.conv1d, gdn_dims_, n, conv_out_);
   be.gated_delta_rule(conv_out_, a_, b_, w.a_log, w.dt_bias, s.recurrent, gdn_dims_, n, gdn_out_);
-  be.gated_rms_norm(gdn_out_, z_, w.norm, n * Hv, Dv, eps_, gdn_normed_);
-  be.matmul(w.out_proj, 0, static_cast<int64_t>(shape_.hidden_size), gdn_normed_, n, delta_);
+  be.gated_rms_norm_matmul(gdn_out_, z_, w.norm, n * Hv, Dv, eps_, gdn_normed_, w.out_proj, n,
+                           delta_);
 }
 
 void Qwen36Model::attention_mixer(const LayerWeights& layer, DecodeState::AttentionCache& cache,

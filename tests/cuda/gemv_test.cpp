@@ -275,6 +275,40 @@ TEST(CudaGemv, NormFoldedIntoTheProjectionGroup) {
   }
 }
 
+// gated_rms_norm_matmul with LILY_CUDA_FUSED_NORM=1: the per-head gated norm formed in the
+// GEMV's staging, against the CPU backend's gated_rms_norm + matmul.
+TEST(CudaGemv, GatedNormFoldedIntoTheOutputProjection) {
+  std::string why;
+  std::unique_ptr<Backend> be = cuda_backend_with_env_or_null("LILY_CUDA_FUSED_NORM", "1", &why);
+  if (!be) GTEST_SKIP() << "no usable CUDA device: " << why;
+  auto host = cpu();
+  Rng rng(311);
+  for (int64_t dim : {64, 128}) {
+    constexpr int64_t kHeads = 8;
+    const int64_t in = kHeads * dim;
+    const DenseTensor gain(DType::F32, {static_cast<uint64_t>(dim)},
+                           rng.uniform_vector(static_cast<size_t>(dim), 0.5f, 1.5f), "norm");
+    const QuantWeight w(rng, 4, 1, 300, static_cast<uint64_t>(in), 0, "out_proj");
+    for (int64_t n : {1, 2}) {
+      const std::string label = "dim=" + std::to_string(dim) + " n=" + std::to_string(n);
+      const auto count = static_cast<size_t>(n * in);
+      const std::vector<float> x = rng.uniform_vector(count, -2.0f, 2.0f);
+      const std::vector<float> z = rng.uniform_vector(count, -3.0f, 3.0f);
+      float* dev_y = unwritten(*be, static_cast<size_t>(n) * 300);
+      be->gated_rms_norm_matmul(to_device(*be, x), to_device(*be, z), gain.view(), n * kHeads, dim,
+                                1e-6f, unwritten(*be, count), w.view(), n, dev_y);
+      std::vector<float> scratch(count, kUnwritten);
+      std::vector<float> y(static_cast<size_t>(n) * 300, kUnwritten);
+      host->gated_rms_norm_matmul(x.data(), z.data(), gain.view(), n * kHeads, dim, 1e-6f,
+                                  scratch.data(), w.view(), n, y.data());
+      EXPECT_LT(report("gated_rms_norm_matmul", label, to_host(*be, dev_y, y.size()), widen(y))
+                    .normalised,
+                kTol)
+          << label;
+    }
+  }
+}
+
 // ---- embed ---------------------------------------------------------------------------------
 
 TEST(CudaEmbed, Q4AndQ8MatchReferenceAndMlxDequantBitwise) {

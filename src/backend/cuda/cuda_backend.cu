@@ -484,6 +484,30 @@ void CudaBackend::add_rms_norm_matmul_group(float* residual, const float* delta,
   cuda::gemv_batch(batch, static_cast<int>(targets.size()), normed, n, stream_, norm);
 }
 
+void CudaBackend::gated_rms_norm_matmul(const float* x, const float* z, const DenseView& gain,
+                                        int64_t rows, int64_t dim, float eps, float* scratch,
+                                        const QuantView& w, int64_t n, float* y) {
+  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+  const cuda::QuantMatrix& m = quant(w);
+  const bool fold = fused_norm_ && n > 0 && n <= 2 && dim > 0 && dim % 4 == 0 && dim <= 128 &&
+                    rows % n == 0 && m.in == rows / n * dim && aligned(x) && aligned(z) &&
+                    static_cast<size_t>(rows * dim) * sizeof(float) <= 40 * 1024;
+  if (!fold) {
+    Backend::gated_rms_norm_matmul(x, z, gain, rows, dim, eps, scratch, w, n, y);
+    return;
+  }
+  check_dense(gain, dim, "gated_rms_norm_matmul");
+  check_matmul(m, w, 0, m.rows(), x, n, y, "gated_rms_norm_matmul");
+  require(z != nullptr, "gated_rms_norm_matmul", "null gate buffer");
+  const cuda::GemvTarget target{m, 0, m.rows(), y};
+  cuda::GatedNormPrologue gated;
+  gated.z = z;
+  gated.gain = dense(gain);
+  gated.head_dim = static_cast<int>(dim);
+  gated.eps = eps;
+  cuda::gemv_batch(&target, 1, x, n, stream_, cuda::NormPrologue{}, gated);
+}
+
 void CudaBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x,
                          int64_t n, float* y) {
   const cuda::QuantMatrix& m = quant(w);

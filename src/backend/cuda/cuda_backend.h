@@ -71,6 +71,9 @@ class CudaBackend final : public Backend {
   void add_rms_norm_matmul_group(float* residual, const float* delta, const DenseView& gain,
                                  int64_t n, int64_t dim, float eps, float* normed,
                                  std::span<const MatmulTarget> targets) override;
+  void gated_rms_norm_matmul(const float* x, const float* z, const DenseView& gain, int64_t rows,
+                             int64_t dim, float eps, float* scratch, const QuantView& w,
+                             int64_t n, float* y) override;
   void rms_norm(const float* x, const DenseView& gain, int64_t n, int64_t dim, float eps,
                 float* out) override;
   void add_rms_norm(float* residual, const float* delta, const DenseView& gain, int64_t n,
@@ -127,8 +130,9 @@ class CudaBackend final : public Backend {
   std::vector<cudaGraphExec_t> graphs_;
   cudaGraph_t capture_ = nullptr;
   int32_t* pinned_reads_ = nullptr;  // [2] pinned host i32, the read_async slots
-  // LILY_CUDA_FUSED_NORM=1: add_rms_norm_matmul_group folds the norm into the projections'
-  // launch (cuda::NormPrologue). Off by default until it is measured and tested on a GPU.
+  // LILY_CUDA_FUSED_NORM=1: add_rms_norm_matmul_group and gated_rms_norm_matmul fold the norm
+  // into the projection's launch (cuda::NormPrologue, cuda::GatedNormPrologue). Off by
+  // default until it is measured and tested on a GPU.
   bool fused_norm_ = false;
   unsigned* norm_counter_ = nullptr;  // [1] device (in allocations_), zero between launches
   cudaEvent_t read_events_[2] = {nullptr, nullptr};

@@ -83,8 +83,18 @@ struct NormPrologue {
   float* normed = nullptr;       // [n, in] f32 out
   unsigned* counter = nullptr;   // zero before the launch; zero again after it
 };
+// Optional prologue (n <= 2 tokens): the input is the gated RMSNorm of x, per head of
+// head_dim values, as gated_rms_norm: x_h / sqrt(mean(x_h^2) + eps) * gain * silu(z_h).
+// (The Gated DeltaNet output going into its output projection.) Nothing is written back.
+struct GatedNormPrologue {
+  const float* z = nullptr;     // [n, in] f32; nullptr: no prologue
+  const float* gain = nullptr;  // [head_dim] f32
+  int head_dim = 0;             // 128 in the model: a multiple of 4, at most 128
+  float eps = 0.0f;
+};
 void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s,
-                const NormPrologue& norm = NormPrologue{});
+                const NormPrologue& norm = NormPrologue{},
+                const GatedNormPrologue& gated = GatedNormPrologue{});
 
 // out[t] = index of the largest logit (lowest index on ties; NaN never wins over a number,
 // where the CPU's strict scan would keep a NaN at index 0: a difference only for NaN logits).

@@ -51,7 +51,40 @@ struct GemvBatch {
   unsigned block_end[kMaxGemvTargets] = {};
   int count = 0;
   NormPrologue norm;  // active when norm.residual != nullptr (kShared kernels only)
+  GatedNormPrologue gated;  // active when gated.z != nullptr (kShared kernels only)
 };
+
+// The GatedNormPrologue: stages gated_rms_norm(x, z) for NT tokens of `in` values, one warp
+// per head of head_dim <= 128 values (one float4 per lane), swizzled for SharedActs.
+template <int Bits, int NT>
+__device__ void stage_gated_normed(const GatedNormPrologue& p, const float* x, int64_t in,
+                                   float4* staged) {
+  constexpr int F = Chunk<Bits>::kValues / 4;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int quads_per_head = p.head_dim / 4;
+  const int64_t heads = NT * in / p.head_dim;
+  for (int64_t h = threadIdx.x / 32; h < heads; h += kGemvThreads / 32) {
+    const bool mine = lane < quads_per_head;
+    const int64_t f = h * quads_per_head + lane;  // flat float4 index over [NT, in]
+    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (mine) v = __ldg(reinterpret_cast<const float4*>(x) + f);
+    float sum_sq = 0.0f;
+    sum_sq = fmaf(v.x, v.x, sum_sq);
+    sum_sq = fmaf(v.y, v.y, sum_sq);
+    sum_sq = fmaf(v.z, v.z, sum_sq);
+    sum_sq = fmaf(v.w, v.w, sum_sq);
+    const float inv = 1.0f / sqrtf(warp_sum(sum_sq) / static_cast<float>(p.head_dim) + p.eps);
+    if (!mine) continue;
+    const float4 g = __ldg(reinterpret_cast<const float4*>(p.gain) + lane);
+    const float4 z = __ldg(reinterpret_cast<const float4*>(p.z) + f);
+    float4 o = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+    o.x *= z.x * sigmoidf_(z.x);  // silu as the CPU forms it: z * sigmoid(z)
+    o.y *= z.y * sigmoidf_(z.y);
+    o.z *= z.z * sigmoidf_(z.z);
+    o.w *= z.w * sigmoidf_(z.w);
+    staged[gemv_detail::swizzled_float4<Bits>(f / F, static_cast<int>(f % F))] = o;
+  }
+}
 
 // Sum of one value per thread over the block (kGemvThreads); every thread gets the total,
 // summed in the same order in every block.
@@ -187,6 +220,8 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
     extern __shared__ float4 staged[];
     if (batch.norm.residual != nullptr) {
       stage_normed<Bits, NT>(batch.norm, w.in, staged);
+    } else if (batch.gated.z != nullptr) {
+      stage_gated_normed<Bits, NT>(batch.gated, x, w.in, staged);
     } else {
       gemv_detail::stage_acts<Bits>(x, NT * w.in, x_vec, 0, staged);
     }
@@ -226,12 +261,13 @@ int sm_count() {
 
 template <int Bits, int NT, int kRows>
 void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, cudaStream_t s,
-                      const NormPrologue& norm) {
+                      const NormPrologue& norm, const GatedNormPrologue& gated) {
   const int lanes = gemv_detail::lanes_for_chunks(targets[0].w.in / Chunk<Bits>::kValues);
   const int64_t rows_per_block = (kGemvThreads / 32) * (32 / lanes) * kRows;
   GemvBatch batch;
   batch.count = count;
   batch.norm = norm;
+  batch.gated = gated;
   int64_t blocks = 0;
   for (int i = 0; i < count; ++i) {
     batch.target[i] = targets[i];
@@ -248,8 +284,8 @@ void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, cuda
                     kGemvThreads, act_bytes, s, batch, x, lanes, gemv_detail::aligned16(x));
     }
   }
-  if (norm.residual != nullptr) {
-    throw std::invalid_argument("cuda::gemv_batch: the norm prologue needs n <= 2 and staged activations");
+  if (norm.residual != nullptr || gated.z != nullptr) {
+    throw std::invalid_argument("cuda::gemv_batch: a norm prologue needs n <= 2 and staged activations");
   }
   {
     launch(gemv_kernel<Bits, NT, kRows, false>, static_cast<unsigned>(blocks), kGemvThreads, 0, s,
@@ -259,7 +295,7 @@ void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, cuda
 
 template <int Bits, int NT>
 void launch_gemv(const GemvTarget* targets, int count, const float* x, cudaStream_t s,
-                 const NormPrologue& norm) {
+                 const NormPrologue& norm, const GatedNormPrologue& gated) {
   if constexpr (kGemvRows<NT> == 8) {
     const int lanes = gemv_detail::lanes_for_chunks(targets[0].w.in / Chunk<Bits>::kValues);
     const int64_t segments_per_block = (kGemvThreads / 32) * (32 / lanes);
@@ -268,26 +304,26 @@ void launch_gemv(const GemvTarget* targets, int count, const float* x, cudaStrea
     const auto blocks_at = [&](int r) { return (rows + segments_per_block * r - 1) / (segments_per_block * r); };
     if (blocks_at(8) < sm_count()) {
       if (blocks_at(2) >= sm_count()) {
-        return launch_gemv_rows<Bits, NT, 2>(targets, count, x, s, norm);
+        return launch_gemv_rows<Bits, NT, 2>(targets, count, x, s, norm, gated);
       }
-      return launch_gemv_rows<Bits, NT, 1>(targets, count, x, s, norm);
+      return launch_gemv_rows<Bits, NT, 1>(targets, count, x, s, norm, gated);
     }
   }
-  launch_gemv_rows<Bits, NT, kGemvRows<NT>>(targets, count, x, s, norm);
+  launch_gemv_rows<Bits, NT, kGemvRows<NT>>(targets, count, x, s, norm, gated);
 }
 
 template <int Bits>
 void gemv_bits(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s,
-               const NormPrologue& norm) {
+               const NormPrologue& norm, const GatedNormPrologue& gated) {
   switch (n) {
-    case 1: return launch_gemv<Bits, 1>(targets, count, x, s, norm);
-    case 2: return launch_gemv<Bits, 2>(targets, count, x, s, norm);
-    case 3: return launch_gemv<Bits, 3>(targets, count, x, s, norm);
-    case 4: return launch_gemv<Bits, 4>(targets, count, x, s, norm);
-    case 5: return launch_gemv<Bits, 5>(targets, count, x, s, norm);
-    case 6: return launch_gemv<Bits, 6>(targets, count, x, s, norm);
-    case 7: return launch_gemv<Bits, 7>(targets, count, x, s, norm);
-    case 8: return launch_gemv<Bits, 8>(targets, count, x, s, norm);
+    case 1: return launch_gemv<Bits, 1>(targets, count, x, s, norm, gated);
+    case 2: return launch_gemv<Bits, 2>(targets, count, x, s, norm, gated);
+    case 3: return launch_gemv<Bits, 3>(targets, count, x, s, norm, gated);
+    case 4: return launch_gemv<Bits, 4>(targets, count, x, s, norm, gated);
+    case 5: return launch_gemv<Bits, 5>(targets, count, x, s, norm, gated);
+    case 6: return launch_gemv<Bits, 6>(targets, count, x, s, norm, gated);
+    case 7: return launch_gemv<Bits, 7>(targets, count, x, s, norm, gated);
+    case 8: return launch_gemv<Bits, 8>(targets, count, x, s, norm, gated);
     default:
       throw std::invalid_argument("cuda::gemv: n = " + std::to_string(n) + " outside 1..8");
   }
@@ -431,8 +467,17 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 }  // namespace
 
 void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s,
-                const NormPrologue& norm) {
+                const NormPrologue& norm, const GatedNormPrologue& gated) {
   if (n <= 0 || count <= 0) return;
+  if (gated.z != nullptr &&
+      (n > 2 || norm.residual != nullptr || gated.gain == nullptr || gated.head_dim <= 0 ||
+       gated.head_dim % 4 != 0 || gated.head_dim > 128 || targets[0].w.in % gated.head_dim != 0 ||
+       !gemv_detail::aligned16(x) || !gemv_detail::aligned16(gated.z) ||
+       !gemv_detail::aligned16(gated.gain))) {
+    throw std::invalid_argument(
+        "cuda::gemv_batch: the gated norm prologue needs n <= 2, head_dim a multiple of 4 up "
+        "to 128 dividing the input width, and 16-byte aligned buffers");
+  }
   if (norm.residual != nullptr &&
       (n > 2 || norm.delta == nullptr || norm.gain == nullptr || norm.normed == nullptr ||
        norm.counter == nullptr || targets[0].w.in % 4 != 0 ||
@@ -453,9 +498,9 @@ void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n,
     }
   }
   if (targets[0].w.bits == 4) {
-    gemv_bits<4>(targets, count, x, n, s, norm);
+    gemv_bits<4>(targets, count, x, n, s, norm, gated);
   } else if (targets[0].w.bits == 8) {
-    gemv_bits<8>(targets, count, x, n, s, norm);
+    gemv_bits<8>(targets, count, x, n, s, norm, gated);
   } else {
     throw std::invalid_argument("cuda::gemv: bits must be 4 or 8");
   }

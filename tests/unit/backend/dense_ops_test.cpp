@@ -170,6 +170,26 @@ TEST(BackendMatmul, AddNormThenGroupIsTheTwoOps) {
             kTol);
 }
 
+TEST(BackendMatmul, GatedNormThenOutputProjectionIsTheTwoOps) {
+  Rng rng(59);
+  auto be = cpu(2);
+  const QuantWeight w(rng, 4, 1, 10, 256, 0, "out_proj");
+  const DenseTensor gain(DType::F32, {64}, rng.uniform_vector(64, 0.5f, 1.5f), "norm");
+  const int64_t n = 2;  // 2 tokens x 4 heads of 64
+  const std::vector<float> x = rng.uniform_vector(n * 256, -2.0f, 2.0f);
+  const std::vector<float> z = rng.uniform_vector(n * 256, -3.0f, 3.0f);
+  std::vector<float> scratch(n * 256, 1e30f);
+  std::vector<float> y(n * 10, 1e30f);
+  be->gated_rms_norm_matmul(x.data(), z.data(), gain.view(), n * 4, 64, 1e-6f, scratch.data(),
+                            w.view(), n, y.data());
+  std::vector<float> normed(n * 256, 1e30f);
+  be->gated_rms_norm(x.data(), z.data(), gain.view(), n * 4, 64, 1e-6f, normed.data());
+  EXPECT_EQ(scratch, normed);
+  EXPECT_LT(report("gated_rms_norm_matmul", "projection of the gated norm", y,
+                   ref::matmul(w.view(), 0, 10, widen(normed), n)).normalised,
+            kTol);
+}
+
 TEST(BackendRmsNorm, RandomRowsBf16AndF32Gains) {
   Rng rng(21);
   auto be = cpu();
