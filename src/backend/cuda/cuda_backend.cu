@@ -424,22 +424,26 @@ void check_matmul(const cuda::QuantMatrix& m, const QuantView& w, int64_t row_be
 }
 }  // namespace
 
-void CudaBackend::matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t n) {
-  require(!targets.empty(), "matmul_group", "no targets");
-  cuda::GemvTarget batch[cuda::kMaxGemvTargets];
-  // One launch when the group fits the batched GEMV: few tokens, at most kMaxGemvTargets
-  // weights, one bit width and input width (the model's groups all do). Otherwise the same
-  // products, one launch each.
+bool CudaBackend::resolve_group(std::span<const MatmulTarget> targets, const float* x, int64_t n,
+                                const char* op, cuda::GemvTarget (&batch)[cuda::kMaxGemvTargets]) {
+  require(!targets.empty(), op, "no targets");
   bool one_launch = n <= cuda::kGemvMaxTokens && targets.size() <= cuda::kMaxGemvTargets;
   for (size_t i = 0; i < targets.size(); ++i) {
     const MatmulTarget& t = targets[i];
-    require(t.w != nullptr, "matmul_group", "null weight");
+    require(t.w != nullptr, op, "null weight");
     const cuda::QuantMatrix& m = quant(*t.w);
-    check_matmul(m, *t.w, t.row_begin, t.rows, x, n, t.y, "matmul_group");
+    check_matmul(m, *t.w, t.row_begin, t.rows, x, n, t.y, op);
     if (i < cuda::kMaxGemvTargets) batch[i] = cuda::GemvTarget{m, t.row_begin, t.rows, t.y};
     one_launch = one_launch && m.bits == batch[0].w.bits && m.in == batch[0].w.in;
   }
-  if (one_launch) {
+  return one_launch;
+}
+
+void CudaBackend::matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t n) {
+  // One launch when the group fits the batched GEMV (the model's groups all do in decode).
+  // Otherwise the same products, one launch each.
+  cuda::GemvTarget batch[cuda::kMaxGemvTargets];
+  if (resolve_group(targets, x, n, "matmul_group", batch)) {
     cuda::gemv_batch(batch, static_cast<int>(targets.size()), x, n, stream_);
     return;
   }
@@ -450,19 +454,12 @@ void CudaBackend::add_rms_norm_matmul_group(float* residual, const float* delta,
                                             const DenseView& gain, int64_t n, int64_t dim,
                                             float eps, float* normed,
                                             std::span<const MatmulTarget> targets) {
-  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
-  bool fold = fused_norm_ && n <= 2 && dim % 4 == 0 && !targets.empty() &&
-              targets.size() <= cuda::kMaxGemvTargets && aligned(residual) && aligned(delta) &&
-              aligned(normed) && static_cast<size_t>(n * dim) * sizeof(float) <= 40 * 1024;
   cuda::GemvTarget batch[cuda::kMaxGemvTargets];
-  for (size_t i = 0; fold && i < targets.size(); ++i) {
-    const MatmulTarget& t = targets[i];
-    require(t.w != nullptr, "add_rms_norm_matmul_group", "null weight");
-    const cuda::QuantMatrix& m = quant(*t.w);
-    check_matmul(m, *t.w, t.row_begin, t.rows, normed, n, t.y, "add_rms_norm_matmul_group");
-    batch[i] = cuda::GemvTarget{m, t.row_begin, t.rows, t.y};
-    fold = m.in == dim && m.bits == batch[0].w.bits;
-  }
+  const bool fold = fused_norm_ && n <= 2 && dim % 4 == 0 && cuda::aligned16(residual) &&
+                    cuda::aligned16(delta) && cuda::aligned16(normed) &&
+                    static_cast<size_t>(n * dim) * sizeof(float) <= cuda::kMaxStagedBytes &&
+                    resolve_group(targets, normed, n, "add_rms_norm_matmul_group", batch) &&
+                    batch[0].w.in == dim;
   if (!fold) {
     Backend::add_rms_norm_matmul_group(residual, delta, gain, n, dim, eps, normed, targets);
     return;
@@ -487,11 +484,11 @@ void CudaBackend::add_rms_norm_matmul_group(float* residual, const float* delta,
 void CudaBackend::gated_rms_norm_matmul(const float* x, const float* z, const DenseView& gain,
                                         int64_t rows, int64_t dim, float eps, float* scratch,
                                         const QuantView& w, int64_t n, float* y) {
-  const auto aligned = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
   const cuda::QuantMatrix& m = quant(w);
   const bool fold = fused_norm_ && n > 0 && n <= 2 && dim > 0 && dim % 4 == 0 && dim <= 128 &&
-                    rows % n == 0 && m.in == rows / n * dim && aligned(x) && aligned(z) &&
-                    static_cast<size_t>(rows * dim) * sizeof(float) <= 40 * 1024;
+                    rows % n == 0 && m.in == rows / n * dim && cuda::aligned16(x) &&
+                    cuda::aligned16(z) &&
+                    static_cast<size_t>(rows * dim) * sizeof(float) <= cuda::kMaxStagedBytes;
   if (!fold) {
     Backend::gated_rms_norm_matmul(x, z, gain, rows, dim, eps, scratch, w, n, y);
     return;
@@ -625,29 +622,40 @@ void CudaBackend::expert_swiglu(const QuantView& gate, const QuantView& up, cons
   }
 }
 
+CudaBackend::SwigluMatrices CudaBackend::resolve_swiglu(const QuantView& gate,
+                                                        const QuantView& up,
+                                                        const QuantView& shared_gate,
+                                                        const QuantView& shared_up, int64_t n,
+                                                        const char* op) {
+  const SwigluMatrices m{&quant(gate), &quant(up), &quant(shared_gate), &quant(shared_up),
+                         false};
+  const bool fits = n <= cuda::kGemvMaxTokens && m.shared_gate->bits == m.gate->bits &&
+                    m.shared_up->bits == m.up->bits && m.shared_gate->in == m.gate->in &&
+                    m.shared_up->in == m.up->in;
+  if (!fits) return m;  // the unfused ops check the shapes
+  require(m.gate->experts == m.up->experts && m.gate->out == m.up->out && m.gate->in == m.up->in,
+          op, "gate " + gate.name + " and up " + up.name + " must have the same shape");
+  require(m.shared_gate->out == m.shared_up->out && m.shared_gate->in == m.shared_up->in, op,
+          "gate " + shared_gate.name + " and up " + shared_up.name + " must have the same shape");
+  return SwigluMatrices{m.gate, m.up, m.shared_gate, m.shared_up, true};
+}
+
 void CudaBackend::expert_swiglu_with_shared(const QuantView& gate, const QuantView& up,
                                             const int32_t* ids, int64_t k, float* h,
                                             const QuantView& shared_gate,
                                             const QuantView& shared_up, float* shared_h,
                                             const float* x, int64_t n) {
-  const cuda::QuantMatrix& g = quant(gate);
-  const cuda::QuantMatrix& u = quant(up);
-  const cuda::QuantMatrix& sg = quant(shared_gate);
-  const cuda::QuantMatrix& su = quant(shared_up);
-  const bool one_launch = n <= cuda::kGemvMaxTokens && sg.bits == g.bits && su.bits == u.bits &&
-                          sg.in == g.in && su.in == u.in;
-  if (!one_launch) {  // prefill (grouped GEMMs), or shapes the fused kernel does not take
+  const SwigluMatrices m =
+      resolve_swiglu(gate, up, shared_gate, shared_up, n, "expert_swiglu_with_shared");
+  if (!m.fits) {  // prefill (grouped GEMMs), or shapes the fused kernel does not take
     expert_swiglu(gate, up, x, ids, n, k, h);
     expert_swiglu(shared_gate, shared_up, x, nullptr, n, 1, shared_h);
     return;
   }
-  require(g.experts == u.experts && g.out == u.out && g.in == u.in, "expert_swiglu_with_shared",
-          "gate " + gate.name + " and up " + up.name + " must have the same shape");
-  require(sg.out == su.out && sg.in == su.in, "expert_swiglu_with_shared",
-          "gate " + shared_gate.name + " and up " + shared_up.name + " must have the same shape");
   require(n > 0 && k > 0 && x != nullptr && h != nullptr && ids != nullptr && shared_h != nullptr,
           "expert_swiglu_with_shared", "needs n, k > 0, ids and buffers");
-  cuda::expert_swiglu_shared_gemv(g, u, ids, k, h, &sg, &su, shared_h, x, n, stream_);
+  cuda::expert_swiglu_shared_gemv(*m.gate, *m.up, ids, k, h, m.shared_gate, m.shared_up, shared_h,
+                                  x, n, stream_);
 }
 
 void CudaBackend::route_expert_swiglu(const float* router_logits, int64_t experts, int64_t k,
@@ -655,32 +663,24 @@ void CudaBackend::route_expert_swiglu(const float* router_logits, int64_t expert
                                       const QuantView& up, float* h, const QuantView& shared_gate,
                                       const QuantView& shared_up, float* shared_h, const float* x,
                                       int64_t n) {
-  const cuda::QuantMatrix& g = quant(gate);
-  const cuda::QuantMatrix& u = quant(up);
-  const cuda::QuantMatrix& sg = quant(shared_gate);
-  const cuda::QuantMatrix& su = quant(shared_up);
+  const SwigluMatrices m = resolve_swiglu(gate, up, shared_gate, shared_up, n, "route_expert_swiglu");
   // One launch for decode-sized steps of the model's shapes (see route_expert_swiglu_gemv);
   // otherwise the routing kernel, then the SwiGLU op.
-  const bool one_launch = n <= cuda::kGemvMaxTokens && k <= 16 && experts <= 256 &&
-                          k <= experts && sg.bits == g.bits && su.bits == u.bits &&
-                          sg.in == g.in && su.in == u.in;
-  if (!one_launch) {
+  if (!m.fits || k > cuda::kMaxFusedRouteK || experts > cuda::kMaxFusedRouteExperts ||
+      k > experts) {
     moe_route(router_logits, n, experts, k, ids, weights);
     expert_swiglu_with_shared(gate, up, ids, k, h, shared_gate, shared_up, shared_h, x, n);
     return;
   }
   require(k > 0 && router_logits != nullptr && ids != nullptr && weights != nullptr,
           "route_expert_swiglu", "needs k > 0 and routing buffers");
-  require(g.experts == experts && g.experts == u.experts && g.out == u.out && g.in == u.in,
-          "route_expert_swiglu",
-          "gate " + gate.name + " and up " + up.name + " must have the same shape, " +
-              std::to_string(experts) + " experts");
-  require(sg.out == su.out && sg.in == su.in, "route_expert_swiglu",
-          "gate " + shared_gate.name + " and up " + shared_up.name + " must have the same shape");
+  require(m.gate->experts == experts, "route_expert_swiglu",
+          "gate " + gate.name + " has " + std::to_string(m.gate->experts) + " experts, the router " +
+              std::to_string(experts));
   require(n > 0 && x != nullptr && h != nullptr && shared_h != nullptr, "route_expert_swiglu",
           "needs n > 0 and buffers");
-  cuda::route_expert_swiglu_gemv(router_logits, experts, ids, weights, g, u, k, h, sg, su,
-                                 shared_h, x, n, stream_);
+  cuda::route_expert_swiglu_gemv(router_logits, experts, ids, weights, *m.gate, *m.up, k, h,
+                                 *m.shared_gate, *m.shared_up, shared_h, x, n, stream_);
 }
 
 void CudaBackend::expert_down_combine(const QuantView& down, const float* h, const int32_t* ids,

@@ -117,6 +117,24 @@ class CudaBackend final : public Backend {
   // during graph capture: device_alloc refuses then.
   const cuda::QuantMatrix& quant(const QuantView& view);
   const float* dense(const DenseView& view);
+  // Validates every target of a projection group and resolves it into `batch`; returns
+  // whether the group fits one batched GEMV launch (n <= kGemvMaxTokens, at most
+  // kMaxGemvTargets weights, one bit width and input width).
+  bool resolve_group(std::span<const MatmulTarget> targets, const float* x, int64_t n,
+                     const char* op, cuda::GemvTarget (&batch)[cuda::kMaxGemvTargets]);
+  // The routed and shared expert matrices of a SwiGLU step. `fits` says whether one fused
+  // launch takes them (n <= kGemvMaxTokens, shared widths equal to the routed ones); then
+  // their shapes have been checked too.
+  struct SwigluMatrices {
+    const cuda::QuantMatrix* gate;
+    const cuda::QuantMatrix* up;
+    const cuda::QuantMatrix* shared_gate;
+    const cuda::QuantMatrix* shared_up;
+    bool fits;
+  };
+  SwigluMatrices resolve_swiglu(const QuantView& gate, const QuantView& up,
+                                const QuantView& shared_gate, const QuantView& shared_up,
+                                int64_t n, const char* op);
   bool capturing() const;
   void* device_alloc(size_t bytes);
 

@@ -82,7 +82,10 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_byte
   }
 }
 
-inline constexpr int kGroupSize = 64;  // MLX affine group size, the only one the model uses
+inline constexpr int kGroupSize = 64;
+
+// Whether p may be read and written as float4 / uint4 (nullptr counts as aligned).
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }  // MLX affine group size, the only one the model uses
 
 __device__ __forceinline__ float warp_sum(float v) {
   for (int offset = 16; offset > 0; offset >>= 1) v += __shfl_xor_sync(0xffffffffu, v, offset);

@@ -52,6 +52,15 @@ enum WorkspaceSlot : int {
 // ---- quant_gemv.cu (decode: few tokens, bandwidth bound) --------------------------------
 // Largest n the GEMV kernels take; CudaBackend routes larger n to the GEMM kernels.
 inline constexpr int64_t kGemvMaxTokens = 8;
+// Activations the decode kernels stage per block in shared memory, at most: 40 KB, so that
+// the kernels' static shared memory fits beside it in the default 48 KB. Larger inputs are
+// read from global memory (or, for the fused norm prologues, not fused).
+inline constexpr size_t kMaxStagedBytes = 40 * 1024;
+// Routing fused into the SwiGLU launch (route_expert_swiglu_gemv) takes k <= 16 and at most
+// 256 experts (8 per lane of the routing warp).
+inline constexpr int kFusedRouteLanes = 8;
+inline constexpr int64_t kMaxFusedRouteExperts = 32 * kFusedRouteLanes;
+inline constexpr int64_t kMaxFusedRouteK = 16;
 
 // out[t, :] = dequant(table row ids[t])                 ids [n] i32; out [n, in] f32
 void embed(const QuantMatrix& table, const int32_t* ids, int64_t n, float* out, cudaStream_t s);

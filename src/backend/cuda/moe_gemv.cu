@@ -36,8 +36,6 @@ constexpr int kSwigluUnroll = 1;  // 2 * kSwigluRows loads in flight per lane al
 // routes all n tokens itself (n <= kGemvMaxTokens, E <= 32 * kFusedRouteLanes, k <= 16: a
 // warp per token, about a microsecond) rather than wait for a routing kernel; block 0 also
 // stores ids and weights [n, k] for the down projection.
-constexpr int kFusedRouteLanes = 8;  // experts per lane
-constexpr int kFusedRouteMaxK = 16;
 struct FusedRoute {
   const float* logits = nullptr;  // [n, E] f32
   int experts = 0;
@@ -66,7 +64,7 @@ __global__ void __launch_bounds__(kMoeThreads)
     swiglu_kernel(SwigluSet routed, SwigluSet shared, FusedRoute route,
                   const float* __restrict__ x, int64_t n, int lanes, bool x_vec) {
   grid_dependency_wait();
-  __shared__ int32_t routed_ids[kGemvMaxTokens * kFusedRouteMaxK];
+  __shared__ int32_t routed_ids[kGemvMaxTokens * kMaxFusedRouteK];
   if (route.logits != nullptr) {  // the same for every thread of the launch
     const int warp_id = static_cast<int>(threadIdx.x) / 32;
     const int lane_id = static_cast<int>(threadIdx.x) & 31;
@@ -211,13 +209,13 @@ void launch_swiglu(const SwigluSet& routed, const SwigluSet& shared, const Fused
   const int64_t n = routed.slots / routed.k;
   const size_t act_bytes = static_cast<size_t>(n) * routed.gate.in * sizeof(float);
   if constexpr (BitsG == BitsU) {
-    if (act_bytes <= gemv_detail::kMaxStagedBytes) {
+    if (act_bytes <= kMaxStagedBytes) {
       return launch(swiglu_kernel<BitsG, BitsU, true>, static_cast<unsigned>(blocks), kMoeThreads,
-                    act_bytes, s, routed, shared, route, x, n, lanes, gemv_detail::aligned16(x));
+                    act_bytes, s, routed, shared, route, x, n, lanes, aligned16(x));
     }
   }
   launch(swiglu_kernel<BitsG, BitsU, false>, static_cast<unsigned>(blocks), kMoeThreads, 0, s,
-         routed, shared, route, x, n, lanes, gemv_detail::aligned16(x));
+         routed, shared, route, x, n, lanes, aligned16(x));
 }
 
 // ---- expert_down_combine_gemv -------------------------------------------------------------
@@ -362,10 +360,10 @@ void launch_down(const QuantMatrix& down, const float* h, const int32_t* ids,
   const int64_t rows_per_block = (kMoeThreads / 32) * kDownRows;
   const dim3 grid(static_cast<unsigned>((down.out + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(n));
-  const bool x_vec = gemv_detail::aligned16(h) && gemv_detail::aligned16(shared_h);
+  const bool x_vec = aligned16(h) && aligned16(shared_h);
   const size_t act_bytes = static_cast<size_t>(n * k * down.in + n * shared_down.in) * sizeof(float);
   if constexpr (BitsD == BitsS) {
-    if (act_bytes <= gemv_detail::kMaxStagedBytes) {
+    if (act_bytes <= kMaxStagedBytes) {
       return launch(down_combine_kernel<BitsD, BitsS, true>, grid, kMoeThreads, act_bytes, s, down,
                     h, ids, weights, k, shared_down, shared_h, shared_logit, out, x_vec);
     }
@@ -417,7 +415,7 @@ void route_expert_swiglu_gemv(const float* logits, int64_t experts, int32_t* ids
                               const QuantMatrix& gate, const QuantMatrix& up, int64_t k, float* h,
                               const QuantMatrix& shared_gate, const QuantMatrix& shared_up,
                               float* shared_h, const float* x, int64_t n, cudaStream_t s) {
-  if (n > kGemvMaxTokens || k > kFusedRouteMaxK || experts > 32 * kFusedRouteLanes ||
+  if (n > kGemvMaxTokens || k > kMaxFusedRouteK || experts > kMaxFusedRouteExperts ||
       k > experts) {
     throw std::invalid_argument(
         "cuda::route_expert_swiglu_gemv: needs n <= 8, k <= 16, k <= experts <= 256");

@@ -172,8 +172,6 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
 }
 
-bool aligned16(const void* p) { return p == nullptr || (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 template <NormKind kKind>
 void launch_norm(float* x, const float* delta, const float* z, const float* gain, int64_t rows,
             int64_t dim, float eps, float* out, cudaStream_t s) {

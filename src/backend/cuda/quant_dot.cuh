@@ -29,7 +29,6 @@ inline int lanes_for_chunks(int64_t chunks) {
   return lanes;
 }
 
-inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // Weights are read exactly once per step: load them through the read-only path without
 // allocating in L1, so that the activations (re-read by every warp) stay cached there.
@@ -107,10 +106,6 @@ struct GlobalActs {
     load_x<P>(x + chunk * Chunk<Bits>::kValues + w * P, vec, xw);
   }
 };
-
-// Activations staged per block at most (the default dynamic shared memory limit).
-// (40 KB: the kernels' static shared memory must fit beside it in the default 48 KB.)
-inline constexpr size_t kMaxStagedBytes = 40 * 1024;
 
 // SharedActs reads them from the block's copy in shared memory, staged once per block by
 // stage_acts with a swizzle: float4 m of chunk c sits at c * F + (m ^ (c % F)), F = float4s

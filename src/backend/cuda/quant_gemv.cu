@@ -279,9 +279,9 @@ void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, cuda
   // (Only for n <= 2: more tokens already serve each activation load several times.)
   const size_t act_bytes = static_cast<size_t>(NT) * targets[0].w.in * sizeof(float);
   if constexpr (NT <= 2) {
-    if (act_bytes <= gemv_detail::kMaxStagedBytes) {
+    if (act_bytes <= kMaxStagedBytes) {
       return launch(gemv_kernel<Bits, NT, kRows, true>, static_cast<unsigned>(blocks),
-                    kGemvThreads, act_bytes, s, batch, x, lanes, gemv_detail::aligned16(x));
+                    kGemvThreads, act_bytes, s, batch, x, lanes, aligned16(x));
     }
   }
   if (norm.residual != nullptr || gated.z != nullptr) {
@@ -289,7 +289,7 @@ void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, cuda
   }
   {
     launch(gemv_kernel<Bits, NT, kRows, false>, static_cast<unsigned>(blocks), kGemvThreads, 0, s,
-           batch, x, lanes, gemv_detail::aligned16(x));
+           batch, x, lanes, aligned16(x));
   }
 }
 
@@ -472,8 +472,8 @@ void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n,
   if (gated.z != nullptr &&
       (n > 2 || norm.residual != nullptr || gated.gain == nullptr || gated.head_dim <= 0 ||
        gated.head_dim % 4 != 0 || gated.head_dim > 128 || targets[0].w.in % gated.head_dim != 0 ||
-       !gemv_detail::aligned16(x) || !gemv_detail::aligned16(gated.z) ||
-       !gemv_detail::aligned16(gated.gain))) {
+       !aligned16(x) || !aligned16(gated.z) ||
+       !aligned16(gated.gain))) {
     throw std::invalid_argument(
         "cuda::gemv_batch: the gated norm prologue needs n <= 2, head_dim a multiple of 4 up "
         "to 128 dividing the input width, and 16-byte aligned buffers");
@@ -481,8 +481,8 @@ void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n,
   if (norm.residual != nullptr &&
       (n > 2 || norm.delta == nullptr || norm.gain == nullptr || norm.normed == nullptr ||
        norm.counter == nullptr || targets[0].w.in % 4 != 0 ||
-       !gemv_detail::aligned16(norm.residual) || !gemv_detail::aligned16(norm.delta) ||
-       !gemv_detail::aligned16(norm.gain) || !gemv_detail::aligned16(norm.normed))) {
+       !aligned16(norm.residual) || !aligned16(norm.delta) ||
+       !aligned16(norm.gain) || !aligned16(norm.normed))) {
     throw std::invalid_argument(
         "cuda::gemv_batch: the norm prologue needs n <= 2, all its buffers, 16-byte alignment");
   }
