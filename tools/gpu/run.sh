@@ -9,8 +9,9 @@
 #                        bench-cpu   the CPU bench matrix on the host's cores
 #                        profile     Nsight Compute kernel durations of a short full-checkpoint
 #                                    run (prefill, eager decode step, graph replays) to
-#                                    ncu-decode.csv, and one `lily bench` arm at 256 tokens
-#                                    (default, LILY_CUDA_PDL=0, LILY_CUDA_FUSED_NORM=1)
+#                                    ncu-decode.csv, and `lily bench` arms at
+#                                    LILY_PROFILE_CONTEXTS (default 256) for each of
+#                                    LILY_PROFILE_ARMS (default: default,nopdl,fusednorm)
 #   LILY_CONTEXTS      CUDA matrix contexts (default 256,1024,4096,16384,65536,131072)
 #   LILY_CPU_CONTEXTS  CPU matrix contexts (default 256,512,1024); LILY_THREADS (default 16)
 #   LILY_GTEST_FILTER  gtest filter for cuda_tests (default all)
@@ -24,6 +25,8 @@ mkdir -p "$out"
 deps=$PWD/.deps/root/usr
 export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 stages=${LILY_STAGES:-tests,sanitizer,bench-cuda}
+LILY_PROFILE_CONTEXTS=${LILY_PROFILE_CONTEXTS:-256}
+LILY_PROFILE_ARMS=${LILY_PROFILE_ARMS:-default,nopdl,fusednorm}
 has_stage() { [[ ",$stages," == *",$1,"* ]]; }
 {
   echo "date: $(date -u +%FT%TZ)"
@@ -67,14 +70,22 @@ if has_stage profile; then
     >"$out/ncu-decode.csv" 2>"$out/ncu-decode.err" || echo "ncu: rc $?"
   gzip -f "$out/ncu-decode.csv"
   echo "ncu: $(( $(date +%s) - start )) s"
-  "$lily" bench --model "$ckpt" --prompt-len 256 --device cuda --json-out "$out/bench-256.json" \
-    2>&1 | tail -1
-  # The same arm without programmatic dependent launch: what the launch overlap buys.
-  LILY_CUDA_PDL=0 "$lily" bench --model "$ckpt" --prompt-len 256 --device cuda \
-    --json-out "$out/bench-256-nopdl.json" 2>&1 | tail -1
-  # And with the add+RMSNorm folded into the projections (experimental, off by default).
-  LILY_CUDA_FUSED_NORM=1 "$lily" bench --model "$ckpt" --prompt-len 256 --device cuda \
-    --json-out "$out/bench-256-fusednorm.json" 2>&1 | tail -1
+  # `lily bench` arms: each context of LILY_PROFILE_CONTEXTS with each arm of LILY_PROFILE_ARMS
+  # (default: the default build; nopdl: without programmatic dependent launch; fusednorm: the
+  # add+RMSNorm folded into the projections, experimental).
+  for ctx in ${LILY_PROFILE_CONTEXTS//,/ }; do
+    for arm in ${LILY_PROFILE_ARMS//,/ }; do
+      case $arm in
+        default) env=() ;;
+        nopdl) env=(LILY_CUDA_PDL=0) ;;
+        fusednorm) env=(LILY_CUDA_FUSED_NORM=1) ;;
+        *) echo "unknown arm $arm"; continue ;;
+      esac
+      echo -n "ctx $ctx $arm: "
+      env "${env[@]}" "$lily" bench --model "$ckpt" --prompt-len "$ctx" --device cuda \
+        --json-out "$out/bench-$ctx-$arm.json" 2>&1 | tail -1
+    done
+  done
 fi
 
 if has_stage tests; then
@@ -114,3 +125,8 @@ if has_stage bench-cpu; then
     "${matrix_flags[@]}" 2>&1 | tee "$out/matrix-cpu.log" || true
   tar -czf "$out/matrix-cpu.tgz" -C "$out" matrix-cpu && rm -rf "$out/matrix-cpu"
 fi
+
+# The device tool brings back only a handful of files: everything but the machine notes and the
+# matrix archives goes into one archive.
+(cd "$out" && shopt -s nullglob && files=(*.log *.err *.json *.csv.gz) &&
+  if [ ${#files[@]} -gt 0 ]; then tar -czf logs.tgz "${files[@]}" && rm -f "${files[@]}"; fi)

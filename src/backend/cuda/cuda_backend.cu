@@ -595,6 +595,9 @@ void CudaBackend::gated_delta_rule(const float* conv, const float* a, const floa
   require(n > 0 && conv != nullptr && a != nullptr && b != nullptr && state != nullptr &&
               out != nullptr,
           "gated_delta_rule", "needs n > 0 and buffers");
+  // The one-token kernel moves the state as float4 rows (value_dim % 8 == 0 keeps every row
+  // aligned once the base is; device allocations are 256-byte aligned).
+  require(cuda::aligned16(state), "gated_delta_rule", "needs a 16-byte aligned state");
   cuda::gated_delta_rule(conv, a, b, dense(a_log), dense(dt_bias), state, d, n, out, stream_);
 }
 

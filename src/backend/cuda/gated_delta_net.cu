@@ -6,7 +6,10 @@
 // Supported shapes (CudaBackend must check them; the launchers throw std::invalid_argument):
 //   conv1d_silu:      conv_kernel 2..8, any channel count.
 //   gated_delta_rule: key_dim 32, 64 or 128; value_dim a multiple of 8; value_heads a
-//                     multiple of key_heads.
+//                     multiple of key_heads; a 16-byte aligned state.
+// One-token calls read the state before grid_dependency_wait (see gated_delta_decode_kernel):
+// the state must not have been written by the launch immediately before (the model always has
+// the projections and the conv in between; a second launch sees the first's writes).
 // Every launch is graph-capturable: no allocation, no host synchronisation, no attribute calls.
 #include <cmath>
 #include <cstdint>
@@ -330,13 +333,162 @@ void launch_delta(const float* conv, const float* a, const float* b, const float
          d.key_heads, d.value_heads, d.value_dim, static_cast<int>(n), q_scale, out);
 }
 
-// Decode (a few tokens): 8 columns per block for more, smaller blocks over the SMs. Prefill:
+// ---- gated_delta_rule, one token (decode) ------------------------------------------------------
+// Grid (value head h, group of kDecodeCols value columns); 256 threads. Thread t owns the
+// column quad cq = t % 8 (columns c0 + 4 cq .. + 3) of the state rows rg, rg + 32, ... < Dk,
+// rg = t / 8, in registers (float4 loads: a warp reads 4 rows x 128 contiguous bytes).
+// The state only changes in this kernel, one launch per step, so it is loaded *before*
+// grid_dependency_wait: under programmatic dependent launch the 2 MB per layer stream in while
+// the projections and the conv still run, and what is left after the wait is the arithmetic.
+// The dot products over the Dk rows reduce over the 4 row groups of a warp (2 xor-shuffles)
+// and then over the 8 warps through shared memory, in a fixed order.
+// Same per-token order as the chunked kernel: S = alpha S; m = S^T k; delta = beta (v - m);
+// S += k delta; o = S^T q.
+constexpr int kDecodeCols = 32;
+constexpr int kDecodeThreads = 256;
+constexpr int kDecodeWarps = kDecodeThreads / 32;
+constexpr int kDecodeRowGroups = kDecodeThreads / (kDecodeCols / 4);  // 32
+
+template <int Dk>
+__global__ void __launch_bounds__(kDecodeThreads)
+    gated_delta_decode_kernel(const float* __restrict__ conv, const float* __restrict__ a_in,
+                              const float* __restrict__ b_in, const float* __restrict__ a_log,
+                              const float* __restrict__ dt_bias, float* __restrict__ state, int Hk,
+                              int Hv, int Dv, float q_scale, float* __restrict__ out) {
+  static_assert(Dk % kDecodeRowGroups == 0 && Dk <= 128, "unsupported key_dim");
+  constexpr int R = Dk / kDecodeRowGroups;  // state rows per thread
+  constexpr int kPerLane = Dk / 32;         // q/k elements per lane for the norms
+  __shared__ float4 red[kDecodeWarps][kDecodeCols / 4];
+
+  const int h = static_cast<int>(blockIdx.x);
+  const int tid = static_cast<int>(threadIdx.x);
+  const int warp = tid >> 5;
+  const int lane = tid & 31;
+  const int cq = tid % (kDecodeCols / 4);
+  const int rg = tid / (kDecodeCols / 4);
+  const int c = static_cast<int>(blockIdx.y) * kDecodeCols + 4 * cq;  // first column of the quad
+  const bool live = c < Dv;  // Dv % 4 == 0: a quad is all in or all out
+  float4* S = reinterpret_cast<float4*>(state + static_cast<int64_t>(h) * Dk * Dv + c);
+  const int64_t row_quads = Dv / 4;
+
+  float4 s[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    s[r] = live ? S[(rg + kDecodeRowGroups * r) * row_quads] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+  const float decay_rate = expf(a_log[h]);
+  const float bias = dt_bias[h];
+  grid_dependency_wait();
+
+  // q and k of the key head, L2-normalised (every warp forms the norms itself).
+  const int kh = h / (Hv / Hk);
+  const float* q_src = conv + static_cast<int64_t>(kh) * Dk;
+  const float* k_src = conv + static_cast<int64_t>(Hk) * Dk + static_cast<int64_t>(kh) * Dk;
+  float qsq = 0.0f;
+  float ksq = 0.0f;
+#pragma unroll
+  for (int m = 0; m < kPerLane; ++m) {
+    const float qv = q_src[lane + 32 * m];
+    const float kv = k_src[lane + 32 * m];
+    qsq += qv * qv;
+    ksq += kv * kv;
+  }
+  const float q_inv = 1.0f / sqrtf(warp_sum(qsq) + 1e-6f);
+  const float k_inv = 1.0f / sqrtf(warp_sum(ksq) + 1e-6f);
+  float qq[R];
+  float kk[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int i = rg + kDecodeRowGroups * r;
+    qq[r] = q_src[i] * q_inv * q_scale;  // as the CPU: normalised, then scaled
+    kk[r] = k_src[i] * k_inv;
+  }
+  const float alpha = expf(-decay_rate * softplus_cpu(a_in[h] + bias));
+  const float beta = sigmoidf_(b_in[h]);
+
+  // Sum over the block's row groups of one float4 per thread; every thread gets its quad's.
+  const auto column_sum = [&](float4 v) {
+#pragma unroll
+    for (int offset = kDecodeCols / 4; offset < 32; offset *= 2) {
+      v.x += __shfl_xor_sync(0xffffffffu, v.x, offset);
+      v.y += __shfl_xor_sync(0xffffffffu, v.y, offset);
+      v.z += __shfl_xor_sync(0xffffffffu, v.z, offset);
+      v.w += __shfl_xor_sync(0xffffffffu, v.w, offset);
+    }
+    __syncthreads();  // red may still be read from the previous sum
+    if (lane < kDecodeCols / 4) red[warp][lane] = v;
+    __syncthreads();
+    float4 total = red[0][cq];
+#pragma unroll
+    for (int w = 1; w < kDecodeWarps; ++w) {
+      const float4 p = red[w][cq];
+      total = make_float4(total.x + p.x, total.y + p.y, total.z + p.z, total.w + p.w);
+    }
+    return total;
+  };
+
+  float4 part = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    s[r] = make_float4(s[r].x * alpha, s[r].y * alpha, s[r].z * alpha, s[r].w * alpha);
+    part.x = fmaf(s[r].x, kk[r], part.x);
+    part.y = fmaf(s[r].y, kk[r], part.y);
+    part.z = fmaf(s[r].z, kk[r], part.z);
+    part.w = fmaf(s[r].w, kk[r], part.w);
+  }
+  const float4 kv = column_sum(part);
+  const float* v_src = conv + 2LL * Hk * Dk + static_cast<int64_t>(h) * Dv + c;
+  float4 delta = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  if (live) {
+    delta = make_float4(beta * (v_src[0] - kv.x), beta * (v_src[1] - kv.y),
+                        beta * (v_src[2] - kv.z), beta * (v_src[3] - kv.w));
+  }
+  float4 opart = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    s[r].x = fmaf(kk[r], delta.x, s[r].x);
+    s[r].y = fmaf(kk[r], delta.y, s[r].y);
+    s[r].z = fmaf(kk[r], delta.z, s[r].z);
+    s[r].w = fmaf(kk[r], delta.w, s[r].w);
+    opart.x = fmaf(s[r].x, qq[r], opart.x);
+    opart.y = fmaf(s[r].y, qq[r], opart.y);
+    opart.z = fmaf(s[r].z, qq[r], opart.z);
+    opart.w = fmaf(s[r].w, qq[r], opart.w);
+  }
+  const float4 o = column_sum(opart);
+  allow_dependent_launch();
+  if (!live) return;
+#pragma unroll
+  for (int r = 0; r < R; ++r) S[(rg + kDecodeRowGroups * r) * row_quads] = s[r];
+  if (rg == 0) {
+    float* o_col = out + static_cast<int64_t>(h) * Dv + c;
+    o_col[0] = o.x;
+    o_col[1] = o.y;
+    o_col[2] = o.z;
+    o_col[3] = o.w;
+  }
+}
+
+template <int Dk>
+void launch_delta_decode(const float* conv, const float* a, const float* b, const float* a_log,
+                         const float* dt_bias, float* state, const DeltaNetShape& d, float q_scale,
+                         float* out, cudaStream_t s) {
+  const dim3 grid(static_cast<unsigned>(d.value_heads),
+                  static_cast<unsigned>((d.value_dim + kDecodeCols - 1) / kDecodeCols));
+  launch(gated_delta_decode_kernel<Dk>, grid, kDecodeThreads, 0, s, conv, a, b, a_log, dt_bias,
+         state, d.key_heads, d.value_heads, d.value_dim, q_scale, out);
+}
+
+// One token: the decode kernel above. A few tokens: 8 columns per block for more, smaller blocks
+// over the SMs. Prefill:
 // 32 columns per block (8 warps) so the per-block q/k normalisation is shared more widely.
 template <int Dk>
 void dispatch_delta(const float* conv, const float* a, const float* b, const float* a_log,
                     const float* dt_bias, float* state, const DeltaNetShape& d, int64_t n,
                     float q_scale, float* out, cudaStream_t s) {
-  if (n > kChunk && d.value_dim % 32 == 0) {
+  if (n == 1) {
+    launch_delta_decode<Dk>(conv, a, b, a_log, dt_bias, state, d, q_scale, out, s);
+  } else if (n > kChunk && d.value_dim % 32 == 0) {
     launch_delta<Dk, 32, kLanesPerColumn>(conv, a, b, a_log, dt_bias, state, d, n, q_scale, out, s);
   } else {
     launch_delta<Dk, 8, kLanesPerColumn>(conv, a, b, a_log, dt_bias, state, d, n, q_scale, out, s);
