@@ -142,6 +142,12 @@ TEST(CudaGemv, ManyRows) {
   check_matmul(*be, *host, w, 0, 50'001, 1, rng, "q4 [50001, 64] n=1");
   check_matmul(*be, *host, w, 0, 50'001, 2, rng, "q4 [50001, 64] n=2");
   check_matmul(*be, *host, w, 49'990, 11, 1, rng, "q4 [50001, 64] rows [49990, 50001) n=1");
+  // Tall and as wide as the model's hidden size: 3,126 blocks for n = 1 (the lm_head has 7,760),
+  // many waves of blocks each staging the activations again.
+  const QuantWeight tall(rng, 4, 1, 100'003, 2048, 0, "tall");
+  check_matmul(*be, *host, tall, 0, 100'003, 1, rng, "q4 [100003, 2048] n=1");
+  check_matmul(*be, *host, tall, 0, 100'003, 3, rng, "q4 [100003, 2048] n=3");
+  check_matmul(*be, *host, tall, 7, 99'990, 2, rng, "q4 [100003, 2048] rows [7, 99997) n=2");
 }
 
 TEST(CudaGemv, RowsPerSegmentFollowTheMatrixSize) {

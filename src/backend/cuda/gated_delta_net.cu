@@ -7,9 +7,9 @@
 //   conv1d_silu:      conv_kernel 2..8, any channel count.
 //   gated_delta_rule: key_dim 32, 64 or 128; value_dim a multiple of 8; value_heads a
 //                     multiple of key_heads; a 16-byte aligned state.
-// One-token calls read the state before grid_dependency_wait (see gated_delta_decode_kernel):
-// the state must not have been written by the launch immediately before (the model always has
-// the projections and the conv in between; a second launch sees the first's writes).
+// The conv reads its window, and a one-token delta rule its state, before grid_dependency_wait
+// (see the kernels): they must not have been written by the launch immediately before (the
+// model always has other ops in between; the launch after next sees them).
 // Every launch is graph-capturable: no allocation, no host synchronisation, no attribute calls.
 #include <cmath>
 #include <cstdint>
@@ -41,21 +41,29 @@ __global__ void __launch_bounds__(kConvThreads, 1)
     conv1d_silu_kernel(const float* __restrict__ mixed, float* __restrict__ window,
                        const float* __restrict__ weight, int64_t C, int n, bool write_window,
                        float* __restrict__ out) {
-  grid_dependency_wait();
   const int64_t c = static_cast<int64_t>(blockIdx.x) * kConvThreads + threadIdx.x;
-  if (c >= C) return;
   const int t0 = static_cast<int>(blockIdx.y) * kConvTile;
   const int t1 = min(n, t0 + kConvTile);
   float taps[K];
-#pragma unroll
-  for (int j = 0; j < K; ++j) taps[j] = weight[c * K + j];
   // hist[j] = input at time t - (K-1) + j for the token t about to be computed.
   float hist[K - 1];
+  // The taps and the carried window do not come from the kernels just before (the window was
+  // last written by this op's previous call): read them before the wait, the inputs after.
+  if (c < C) {
+#pragma unroll
+    for (int j = 0; j < K; ++j) taps[j] = weight[c * K + j];
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j) {
+      const int u = t0 - (K - 1) + j;
+      if (u < 0) hist[j] = window[static_cast<int64_t>(K - 1 + u) * C + c];
+    }
+  }
+  grid_dependency_wait();
+  if (c >= C) return;
 #pragma unroll
   for (int j = 0; j < K - 1; ++j) {
     const int u = t0 - (K - 1) + j;
-    hist[j] = u < 0 ? window[static_cast<int64_t>(K - 1 + u) * C + c]
-                    : mixed[static_cast<int64_t>(u) * C + c];
+    if (u >= 0) hist[j] = mixed[static_cast<int64_t>(u) * C + c];
   }
 #pragma unroll 4
   for (int t = t0; t < t1; ++t) {
