@@ -38,7 +38,7 @@ void Backend::route_expert_swiglu(const float* router_logits, int64_t experts, i
                                   int32_t* ids, float* weights, const QuantView& gate,
                                   const QuantView& up, float* h, const QuantView& shared_gate,
                                   const QuantView& shared_up, float* shared_h, const float* x,
-                                  int64_t n) {
+                                  int64_t n, const QuantView* /*next_down: a hint*/) {
   moe_route(router_logits, n, experts, k, ids, weights);
   expert_swiglu_with_shared(gate, up, ids, k, h, shared_gate, shared_up, shared_h, x, n);
 }

@@ -196,11 +196,13 @@ class Backend {
   // moe_route(router_logits [n, experts] -> ids, weights [n, k]) followed by
   // expert_swiglu_with_shared with those ids: the MoE block up to the down projection. A
   // device backend routes inside the SwiGLU launch where it can; the default runs the two ops.
+  // next_down (may be nullptr) is the stacked down projection that will read h next: a hint
+  // only (a device backend may start fetching the chosen experts' rows); results do not change.
   virtual void route_expert_swiglu(const float* router_logits, int64_t experts, int64_t k,
                                    int32_t* ids, float* weights, const QuantView& gate,
                                    const QuantView& up, float* h, const QuantView& shared_gate,
                                    const QuantView& shared_up, float* shared_h, const float* x,
-                                   int64_t n);
+                                   int64_t n, const QuantView* next_down);
   // out[t] = sum_j weights[t, j] D_{ids[t,j]} h[t, j] + sigmoid(shared_logit[t]) D_s shared_h[t]
   // h [n, k, I]; shared_h [n, S]; shared_logit [n]; out [n, H]
   virtual void expert_down_combine(const QuantView& down, const float* h, const int32_t* ids,

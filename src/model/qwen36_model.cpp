@@ -204,7 +204,7 @@ void Qwen36Model::moe(const LayerWeights& layer, int64_t n, const DenseView* pen
   project(gates, n, pending_norm);
   be.route_expert_swiglu(router_logits_, E, k, expert_ids_, expert_weights_, w.experts_gate,
                          w.experts_up, expert_h_, w.shared_gate, w.shared_up, shared_h_, normed_,
-                         n);
+                         n, &w.experts_down);
   be.expert_down_combine(w.experts_down, expert_h_, expert_ids_, expert_weights_, n, k,
                          w.shared_down, shared_h_, shared_logit_, delta_);
 }

@@ -586,7 +586,8 @@ TEST(CudaExpertSwiglu, WithSharedExpertInOneLaunch) {
 // shared_h as the CPU's expert SwiGLU with those ids.
 void check_route_swiglu(Backend& be, Backend& host, const QuantWeight& gate, const QuantWeight& up,
                         const QuantWeight& sgate, const QuantWeight& sup, Rng& rng, int64_t n,
-                        int64_t k, const std::string& label) {
+                        int64_t k, const std::string& label,
+                        const QuantWeight* next_down = nullptr) {
   const auto E = static_cast<int64_t>(gate.view().experts);
   const auto in = static_cast<int64_t>(gate.view().in);
   const auto I = static_cast<int64_t>(gate.view().out);
@@ -597,15 +598,17 @@ void check_route_swiglu(Backend& be, Backend& host, const QuantWeight& gate, con
   float* w_dev = unwritten(be, static_cast<size_t>(n * k));
   float* h_dev = unwritten(be, static_cast<size_t>(n * k * I));
   float* sh_dev = unwritten(be, static_cast<size_t>(n * S));
+  const QuantView down_view = next_down != nullptr ? next_down->view() : QuantView{};
   be.route_expert_swiglu(to_device(be, logits), E, k, ids_dev, w_dev, gate.view(), up.view(), h_dev,
-                         sgate.view(), sup.view(), sh_dev, to_device(be, x), n);
+                         sgate.view(), sup.view(), sh_dev, to_device(be, x), n,
+                         next_down != nullptr ? &down_view : nullptr);
 
   std::vector<int32_t> ids(static_cast<size_t>(n * k), -1);
   std::vector<float> w(static_cast<size_t>(n * k), kUnwritten);
   std::vector<float> h(static_cast<size_t>(n * k * I), kUnwritten);
   std::vector<float> sh(static_cast<size_t>(n * S), kUnwritten);
   host.route_expert_swiglu(logits.data(), E, k, ids.data(), w.data(), gate.view(), up.view(),
-                           h.data(), sgate.view(), sup.view(), sh.data(), x.data(), n);
+                           h.data(), sgate.view(), sup.view(), sh.data(), x.data(), n, nullptr);
   EXPECT_EQ(to_host(be, ids_dev, ids.size()), ids) << label << ": expert ids";
   EXPECT_LT(report("route_expert_swiglu", label + " weights vs cpu", to_host(be, w_dev, w.size()),
                    widen(w)).normalised, kTol);
@@ -635,6 +638,11 @@ TEST(CudaExpertSwiglu, RoutingFusedIntoTheLaunch) {
   const QuantWeight up256(rng, 4, 256, 8, kHidden, 0, "experts_up");
   check_route_swiglu(*be, *host, gate256, up256, sgate, sup, rng, 1, 8, "E=256 k=8 n=1");
   check_route_swiglu(*be, *host, gate256, up256, sgate, sup, rng, 4, 8, "E=256 k=8 n=4");
+  // With the down projection's rows prefetched from inside the launch (the model's call): a
+  // hint only, the same results.
+  const QuantWeight down256(rng, 4, 256, kHidden, 8 * 64, 0, "experts_down");
+  check_route_swiglu(*be, *host, gate256, up256, sgate, sup, rng, 3, 8, "E=256 k=8 n=3 +prefetch",
+                     &down256);
   // Prefill sizes take the routing kernel and the grouped GEMMs: same contract.
   check_route_swiglu(*be, *host, gate, up, sgate, sup, rng, 11, 3, "E=10 k=3 n=11 (two ops)");
 }

@@ -665,7 +665,7 @@ void CudaBackend::route_expert_swiglu(const float* router_logits, int64_t expert
                                       int32_t* ids, float* weights, const QuantView& gate,
                                       const QuantView& up, float* h, const QuantView& shared_gate,
                                       const QuantView& shared_up, float* shared_h, const float* x,
-                                      int64_t n) {
+                                      int64_t n, const QuantView* next_down) {
   const SwigluMatrices m = resolve_swiglu(gate, up, shared_gate, shared_up, n, "route_expert_swiglu");
   // One launch for decode-sized steps of the model's shapes (see route_expert_swiglu_gemv);
   // otherwise the routing kernel, then the SwiGLU op.
@@ -682,8 +682,12 @@ void CudaBackend::route_expert_swiglu(const float* router_logits, int64_t expert
               std::to_string(experts));
   require(n > 0 && x != nullptr && h != nullptr && shared_h != nullptr, "route_expert_swiglu",
           "needs n > 0 and buffers");
+  // The down projection's rows of the chosen experts head for L2 from inside the launch.
+  const cuda::QuantMatrix* down = next_down != nullptr ? &quant(*next_down) : nullptr;
+  require(down == nullptr || down->experts == experts, "route_expert_swiglu",
+          "next_down needs one matrix per expert");
   cuda::route_expert_swiglu_gemv(router_logits, experts, ids, weights, *m.gate, *m.up, k, h,
-                                 *m.shared_gate, *m.shared_up, shared_h, x, n, stream_);
+                                 *m.shared_gate, *m.shared_up, shared_h, x, n, down, stream_);
 }
 
 void CudaBackend::expert_down_combine(const QuantView& down, const float* h, const int32_t* ids,

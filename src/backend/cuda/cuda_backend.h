@@ -102,7 +102,8 @@ class CudaBackend final : public Backend {
   void route_expert_swiglu(const float* router_logits, int64_t experts, int64_t k, int32_t* ids,
                            float* weights, const QuantView& gate, const QuantView& up, float* h,
                            const QuantView& shared_gate, const QuantView& shared_up,
-                           float* shared_h, const float* x, int64_t n) override;
+                           float* shared_h, const float* x, int64_t n,
+                           const QuantView* next_down) override;
   void expert_down_combine(const QuantView& down, const float* h, const int32_t* ids,
                            const float* weights, int64_t n, int64_t k,
                            const QuantView& shared_down, const float* shared_h,

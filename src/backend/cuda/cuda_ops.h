@@ -126,11 +126,14 @@ void expert_swiglu_shared_gemv(const QuantMatrix& gate, const QuantMatrix& up, c
 
 // moe_route (logits [n, E] -> ids, weights [n, k]) fused into expert_swiglu_shared_gemv: one
 // launch routes, gathers the routed experts and runs the shared expert. n <= 8, k <= 16,
-// k <= E <= 256; the shared matrices as for expert_swiglu_shared_gemv.
+// k <= E <= 256; the shared matrices as for expert_swiglu_shared_gemv. next_down (nullptr:
+// none): the stacked down projection [E, H, I], whose rows of the chosen experts the launch
+// prefetches into L2 for expert_down_combine_gemv.
 void route_expert_swiglu_gemv(const float* logits, int64_t experts, int32_t* ids, float* weights,
                               const QuantMatrix& gate, const QuantMatrix& up, int64_t k, float* h,
                               const QuantMatrix& shared_gate, const QuantMatrix& shared_up,
-                              float* shared_h, const float* x, int64_t n, cudaStream_t s);
+                              float* shared_h, const float* x, int64_t n,
+                              const QuantMatrix* next_down, cudaStream_t s);
 
 // out[t] = sum_j weights[t, j] D_{ids[t,j]} h[t, j] + sigmoid(shared_logit[t]) D_s shared_h[t], n <= 8
 // h [n, k, I]; ids, weights [n, k]; shared_h [n, S]; shared_logit [n]; out [n, H] (H = down.out)

@@ -41,7 +41,38 @@ struct FusedRoute {
   int experts = 0;
   int32_t* ids = nullptr;    // [n, k] out
   float* weights = nullptr;  // [n, k] out
+  QuantMatrix next_down;     // codes == nullptr: nothing to prefetch
 };
+
+// Pulls the chosen experts' down-projection rows (codes, scales, biases of ids[0 .. slots))
+// into L2, each thread of the launch a strided share, so that the down projection launched
+// next finds them there: its weights cannot be fetched before the routing is known, and this
+// launch spends most of its time waiting on memory anyway.
+__device__ void prefetch_routed_down(const QuantMatrix& down, const int32_t* ids, int64_t slots) {
+  constexpr int64_t kSector = 32;  // bytes per prefetch: one L2 sector
+  const int64_t code_bytes = down.out * down.in * down.bits / 8;           // per expert
+  const int64_t param_bytes = down.out * (down.in / kGroupSize) * 2;       // scales, and biases
+  const int64_t code_sectors = (code_bytes + kSector - 1) / kSector;
+  const int64_t param_sectors = (param_bytes + kSector - 1) / kSector;
+  const int64_t per_slot = code_sectors + 2 * param_sectors;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < slots * per_slot;
+       i += stride) {
+    const int64_t slot = i / per_slot;
+    int64_t sector = i - slot * per_slot;
+    const int64_t e = expert_at(ids, slot, down.experts);
+    const char* p;
+    if (sector < code_sectors) {
+      p = reinterpret_cast<const char*>(down.codes) + e * code_bytes;
+    } else {
+      sector -= code_sectors;
+      p = reinterpret_cast<const char*>(sector < param_sectors ? down.scales : down.biases) +
+          e * param_bytes;
+      if (sector >= param_sectors) sector -= param_sectors;
+    }
+    prefetch_l2(p + sector * kSector);
+  }
+}
 
 // One set of gathered SwiGLU rows: slot (t, j) uses expert ids[t * k + j] (ids == nullptr:
 // expert 0, k == 1) and writes h [slots, I] f32, I = gate.out.
@@ -84,6 +115,7 @@ __global__ void __launch_bounds__(kMoeThreads)
     }
     __syncthreads();
     routed.ids = routed_ids;  // generic addressing reads shared memory through this pointer
+    if (route.next_down.codes != nullptr) prefetch_routed_down(route.next_down, routed_ids, routed.slots);
   }
   extern __shared__ float4 staged[];
   if constexpr (kShared) {
@@ -239,6 +271,19 @@ __global__ void __launch_bounds__(kMoeThreads)
                         int64_t k, QuantMatrix shared_down, const float* __restrict__ shared_h,
                         const float* __restrict__ shared_logit, float* __restrict__ out,
                         bool x_vec) {
+  // The shared expert's rows of this warp do not depend on the routing: into L2 before the
+  // wait (the routed experts' rows were prefetched by the SwiGLU launch, when it had them).
+  {
+    const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * (kMoeThreads / 32) + threadIdx.x / 32) * kDownRows;
+    const int64_t cs = shared_down.in / Chunk<BitsS>::kValues;
+    const int64_t words_s = shared_down.in * BitsS / 32;
+    for (int i = 0; i < kDownRows; ++i) {
+      if (r0 + i >= shared_down.out) break;
+      for (int64_t c = threadIdx.x & 31; c < cs; c += 32) {
+        prefetch_l2(shared_down.codes + (r0 + i) * words_s + 4 * c);
+      }
+    }
+  }
   grid_dependency_wait();
   constexpr int R = kDownRows;
   constexpr int U = kDownUnroll;
@@ -414,13 +459,15 @@ void expert_swiglu_gemv(const QuantMatrix& gate, const QuantMatrix& up, const fl
 void route_expert_swiglu_gemv(const float* logits, int64_t experts, int32_t* ids, float* weights,
                               const QuantMatrix& gate, const QuantMatrix& up, int64_t k, float* h,
                               const QuantMatrix& shared_gate, const QuantMatrix& shared_up,
-                              float* shared_h, const float* x, int64_t n, cudaStream_t s) {
+                              float* shared_h, const float* x, int64_t n,
+                              const QuantMatrix* next_down, cudaStream_t s) {
   if (n > kGemvMaxTokens || k > kMaxFusedRouteK || experts > kMaxFusedRouteExperts ||
       k > experts) {
     throw std::invalid_argument(
         "cuda::route_expert_swiglu_gemv: needs n <= 8, k <= 16, k <= experts <= 256");
   }
-  const FusedRoute route{logits, static_cast<int>(experts), ids, weights};
+  FusedRoute route{logits, static_cast<int>(experts), ids, weights};
+  if (next_down != nullptr) route.next_down = *next_down;
   swiglu_sets(gate, up, ids, k, h, &shared_gate, &shared_up, shared_h, route, x, n, s);
 }
 

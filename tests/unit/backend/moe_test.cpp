@@ -105,7 +105,7 @@ TEST(BackendExpertSwiglu, RouteThenSwigluAsOneOp) {
   std::vector<float> h(n * k * kIntermediate, 1e30f);
   std::vector<float> sh(n * kShared, 1e30f);
   be->route_expert_swiglu(logits.data(), kExperts, k, ids.data(), w.data(), gate.view(), up.view(),
-                          h.data(), sgate.view(), sup.view(), sh.data(), x.data(), n);
+                          h.data(), sgate.view(), sup.view(), sh.data(), x.data(), n, nullptr);
   // The routing op on its own gives the same ids and weights.
   std::vector<int32_t> want_ids(n * k, -1);
   std::vector<float> want_w(n * k, 1e30f);
