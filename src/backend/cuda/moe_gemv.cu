@@ -54,23 +54,20 @@ __device__ void prefetch_routed_down(const QuantMatrix& down, const int32_t* ids
   const int64_t param_bytes = down.out * (down.in / kGroupSize) * 2;       // scales, and biases
   const int64_t code_sectors = (code_bytes + kSector - 1) / kSector;
   const int64_t param_sectors = (param_bytes + kSector - 1) / kSector;
-  const int64_t per_slot = code_sectors + 2 * param_sectors;
   const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < slots * per_slot;
-       i += stride) {
-    const int64_t slot = i / per_slot;
-    int64_t sector = i - slot * per_slot;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  // (Slots outer, no division: at the model's shapes each thread takes about one sector of
+  // each slot's codes.)
+  for (int64_t slot = 0; slot < slots; ++slot) {
     const int64_t e = expert_at(ids, slot, down.experts);
-    const char* p;
-    if (sector < code_sectors) {
-      p = reinterpret_cast<const char*>(down.codes) + e * code_bytes;
-    } else {
-      sector -= code_sectors;
-      p = reinterpret_cast<const char*>(sector < param_sectors ? down.scales : down.biases) +
-          e * param_bytes;
-      if (sector >= param_sectors) sector -= param_sectors;
+    const char* codes = reinterpret_cast<const char*>(down.codes) + e * code_bytes;
+    const char* scales = reinterpret_cast<const char*>(down.scales) + e * param_bytes;
+    const char* biases = reinterpret_cast<const char*>(down.biases) + e * param_bytes;
+    for (int64_t i = first; i < code_sectors; i += stride) prefetch_l2(codes + i * kSector);
+    for (int64_t i = first; i < param_sectors; i += stride) {
+      prefetch_l2(scales + i * kSector);
+      prefetch_l2(biases + i * kSector);
     }
-    prefetch_l2(p + sector * kSector);
   }
 }
 
@@ -96,6 +93,9 @@ __global__ void __launch_bounds__(kMoeThreads)
                   const float* __restrict__ x, int64_t n, int lanes, bool x_vec) {
   grid_dependency_wait();
   __shared__ int32_t routed_ids[kGemvMaxTokens * kMaxFusedRouteK];
+  // The activations' loads go out first, so that they land while the block routes.
+  extern __shared__ float4 staged[];
+  if constexpr (kShared) gemv_detail::stage_acts<BitsG>(x, n * routed.gate.in, x_vec, 0, staged);
   if (route.logits != nullptr) {  // the same for every thread of the launch
     const int warp_id = static_cast<int>(threadIdx.x) / 32;
     const int lane_id = static_cast<int>(threadIdx.x) & 31;
@@ -113,14 +113,11 @@ __global__ void __launch_bounds__(kMoeThreads)
         }
       }
     }
-    __syncthreads();
+  }
+  __syncthreads();  // staged activations and routed ids
+  if (route.logits != nullptr) {
     routed.ids = routed_ids;  // generic addressing reads shared memory through this pointer
     if (route.next_down.codes != nullptr) prefetch_routed_down(route.next_down, routed_ids, routed.slots);
-  }
-  extern __shared__ float4 staged[];
-  if constexpr (kShared) {
-    gemv_detail::stage_acts<BitsG>(x, n * routed.gate.in, x_vec, 0, staged);
-    __syncthreads();
   }
   constexpr int R = kSwigluRows;
   const int lane = static_cast<int>(threadIdx.x) & 31;
