@@ -206,47 +206,69 @@ __device__ __forceinline__ float segment_sum(float v, int lanes) {
   return v;
 }
 
-// Partial dots of R rows with NT inputs over the chunks c = first, first + stride, ... < chunks.
-// codes/scales/biases[i]: row i's first code word, scale and bias; row_chunk[t]: input t's
-// flat chunk 0 in `acts`.
-// U chunks are loaded before any is used, so each lane keeps U * R 16-byte loads in flight.
+// The weights of U chunks (c0, c0 + stride, ...) of R rows: codes, scales and biases, loaded
+// before any is used, so each lane keeps U * R 16-byte loads in flight.
+template <int R, int U>
+struct WeightBatch {
+  uint4 q[U][R];
+  float s[U][R];
+  float b[U][R];
+};
+
+// codes/scales/biases[i]: row i's first code word, scale and bias. Chunks >= chunks load as 0.
+template <int Bits, int R, int U>
+__device__ __forceinline__ void load_batch(const uint32_t* const (&codes)[R],
+                                           const __nv_bfloat16* const (&scales)[R],
+                                           const __nv_bfloat16* const (&biases)[R], int chunks,
+                                           int c0, int stride, WeightBatch<R, U>& w) {
+  using C = Chunk<Bits>;
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int c = c0 + u * stride;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      if (c < chunks) {
+        w.q[u][i] = load_stream(codes[i] + 4 * c);
+        w.s[u][i] = load_bf16(scales[i] + c / C::kPerGroup);
+        w.b[u][i] = load_bf16(biases[i] + c / C::kPerGroup);
+      } else {
+        w.q[u][i] = make_uint4(0, 0, 0, 0);
+        w.s[u][i] = 0.0f;
+        w.b[u][i] = 0.0f;
+      }
+    }
+  }
+}
+
+// acc += the batch's rows . inputs; row_chunk[t]: input t's flat chunk 0 in `acts`.
+template <int Bits, int R, int NT, int U, typename Acts>
+__device__ __forceinline__ void dot_batch(const WeightBatch<R, U>& w, const Acts& acts,
+                                          const int64_t (&row_chunk)[NT], int chunks, int c0,
+                                          int stride, float (&acc)[R][NT]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u) {
+    const int c = c0 + u * stride;
+    if (c < chunks) {
+      int64_t chunk[NT];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) chunk[t] = row_chunk[t] + c;
+      chunk_dot<Bits, R, NT>(w.q[u], w.s[u], w.b[u], acts, chunk, acc);
+    }
+  }
+}
+
+// Partial dots of R rows with NT inputs over the chunks c = first, first + stride, ... < chunks,
+// U chunks per trip to memory.
 template <int Bits, int R, int NT, int U, typename Acts>
 __device__ __forceinline__ void rows_dot(const uint32_t* const (&codes)[R],
                                          const __nv_bfloat16* const (&scales)[R],
                                          const __nv_bfloat16* const (&biases)[R],
                                          const Acts& acts, const int64_t (&row_chunk)[NT],
                                          int chunks, int first, int stride, float (&acc)[R][NT]) {
-  using C = Chunk<Bits>;
   for (int c0 = first; c0 < chunks; c0 += U * stride) {
-    uint4 q[U][R];
-    float s[U][R];
-    float b[U][R];
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int c = c0 + u * stride;
-#pragma unroll
-      for (int i = 0; i < R; ++i) {
-        if (c < chunks) {
-          q[u][i] = load_stream(codes[i] + 4 * c);
-          s[u][i] = load_bf16(scales[i] + c / C::kPerGroup);
-          b[u][i] = load_bf16(biases[i] + c / C::kPerGroup);
-        } else {
-          q[u][i] = make_uint4(0, 0, 0, 0);
-          s[u][i] = 0.0f;
-          b[u][i] = 0.0f;
-        }
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < U; ++u) {
-      const int c = c0 + u * stride;
-      if (c < chunks) {
-        int64_t chunk[NT];
-#pragma unroll
-        for (int t = 0; t < NT; ++t) chunk[t] = row_chunk[t] + c;
-        chunk_dot<Bits, R, NT>(q[u], s[u], b[u], acts, chunk, acc);
-      }
-    }
+    WeightBatch<R, U> w;
+    load_batch<Bits, R, U>(codes, scales, biases, chunks, c0, stride, w);
+    dot_batch<Bits, R, NT, U>(w, acts, row_chunk, chunks, c0, stride, acc);
   }
 }
 

@@ -201,10 +201,17 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
     scales[i] = w.scales + row * groups;
     biases[i] = w.biases + row * groups;
   }
-  // Weights do not depend on the previous kernel: start pulling this lane's share into L2
-  // while that kernel finishes (see grid_dependency_wait).
+  // Weights do not depend on the previous kernel: while that kernel finishes (see
+  // grid_dependency_wait), load this lane's first batch into registers and start pulling the
+  // rest of its share into L2, so that after the wait only the activations are waited for.
+  // Fewer rows per segment, more chunks per lane in flight: about 8 16-byte loads either way.
+  constexpr int kUnroll = kRows >= 8 ? kGemvUnroll : 8 / kRows;
+  const int c_first = lane & (lanes - 1);
+  gemv_detail::WeightBatch<kRows, kUnroll> first_batch;
   if (live) {
-    for (int c = lane & (lanes - 1); c < chunks; c += lanes) {
+    gemv_detail::load_batch<Bits, kRows, kUnroll>(codes, scales, biases, chunks, c_first, lanes,
+                                                  first_batch);
+    for (int c = c_first + kUnroll * lanes; c < chunks; c += lanes) {
 #pragma unroll
       for (int i = 0; i < kRows; ++i) prefetch_l2(codes[i] + 4 * c);
     }
@@ -214,8 +221,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
 #pragma unroll
   for (int t = 0; t < NT; ++t) row_chunk[t] = static_cast<int64_t>(t) * chunks;
   float acc[kRows][NT] = {};
-  // Fewer rows per segment, more chunks per lane in flight: about 8 16-byte loads either way.
-  constexpr int kUnroll = kRows >= 8 ? kGemvUnroll : 8 / kRows;
+  const int c_next = c_first + kUnroll * lanes;
   if constexpr (kShared) {
     extern __shared__ float4 staged[];
     if (batch.norm.residual != nullptr) {
@@ -227,14 +233,18 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
     }
     __syncthreads();
     if (!live) return;  // after the wait and the block's sync
-    gemv_detail::rows_dot<Bits, kRows, NT, kUnroll>(codes, scales, biases,
-                                                    gemv_detail::SharedActs{staged}, row_chunk,
-                                                    chunks, lane & (lanes - 1), lanes, acc);
+    const gemv_detail::SharedActs acts{staged};
+    gemv_detail::dot_batch<Bits, kRows, NT, kUnroll>(first_batch, acts, row_chunk, chunks, c_first,
+                                                     lanes, acc);
+    gemv_detail::rows_dot<Bits, kRows, NT, kUnroll>(codes, scales, biases, acts, row_chunk, chunks,
+                                                    c_next, lanes, acc);
   } else {
     if (!live) return;  // after the wait: see grid_dependency_wait
-    gemv_detail::rows_dot<Bits, kRows, NT, kUnroll>(codes, scales, biases,
-                                                    gemv_detail::GlobalActs{x, x_vec}, row_chunk,
-                                                    chunks, lane & (lanes - 1), lanes, acc);
+    const gemv_detail::GlobalActs acts{x, x_vec};
+    gemv_detail::dot_batch<Bits, kRows, NT, kUnroll>(first_batch, acts, row_chunk, chunks, c_first,
+                                                     lanes, acc);
+    gemv_detail::rows_dot<Bits, kRows, NT, kUnroll>(codes, scales, biases, acts, row_chunk, chunks,
+                                                    c_next, lanes, acc);
   }
   allow_dependent_launch();
 
