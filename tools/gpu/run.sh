@@ -7,6 +7,8 @@
 #                        sanitizer   compute-sanitizer memcheck on a tiny `lily run --device cuda`
 #                        bench-cuda  the CUDA bench matrix on the full synthetic checkpoint
 #                        bench-cpu   the CPU bench matrix on the host's cores
+#                        bench-cpu-tiny  the CPU bench matrix of the tiny profile on one core
+#                                    (LILY_TINY_CONTEXTS, default 256,512,1024,2048; 256 steps)
 #                        profile     Nsight Compute kernel durations of a short full-checkpoint
 #                                    run (prefill, eager decode step, graph replays) to
 #                                    ncu-decode.csv, and `lily bench` arms at
@@ -124,6 +126,12 @@ if has_stage bench-cpu; then
     --device cpu --contexts "${LILY_CPU_CONTEXTS:-256,512,1024}" --threads "${LILY_THREADS:-16}" \
     "${matrix_flags[@]}" 2>&1 | tee "$out/matrix-cpu.log" || true
   tar -czf "$out/matrix-cpu.tgz" -C "$out" matrix-cpu && rm -rf "$out/matrix-cpu"
+fi
+if has_stage bench-cpu-tiny; then
+  python3 tools/bench/run_matrix.py --lily "$lily" --model "$tiny" --out "$out/matrix-cpu-tiny" \
+    --device cpu --threads 1 --contexts "${LILY_TINY_CONTEXTS:-256,512,1024,2048}" \
+    --decode-steps 256 --cooldown 2 "${matrix_flags[@]}" 2>&1 | tee "$out/matrix-cpu-tiny.log" || true
+  tar -czf "$out/matrix-cpu-tiny.tgz" -C "$out" matrix-cpu-tiny && rm -rf "$out/matrix-cpu-tiny"
 fi
 
 # The device tool brings back only a handful of files: everything but the machine notes and the
