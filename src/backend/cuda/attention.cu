@@ -143,10 +143,12 @@ struct LaneSlice {
 // the same total). Each halving step sends the half of the values this lane gives away and
 // adds the partner's copy of the half it keeps, so N values cost N - 1 shuffles in all,
 // where a warp_sum per value would cost 5 N.
+__host__ __device__ constexpr int log2_of_pow2(int n) { return n <= 1 ? 0 : 1 + log2_of_pow2(n / 2); }
+
 template <int N>
 __device__ __forceinline__ float warp_reduce_scatter(float (&v)[N], int lane) {
   static_assert(N >= 1 && N <= 32 && (N & (N - 1)) == 0, "N: a power of two <= 32");
-  constexpr int kSteps = N == 32 ? 5 : N == 16 ? 4 : N == 8 ? 3 : N == 4 ? 2 : N == 2 ? 1 : 0;
+  constexpr int kSteps = log2_of_pow2(N);
 #pragma unroll
   for (int step = 0; step < kSteps; ++step) {
     const int half = N >> (step + 1);
@@ -189,7 +191,7 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
   constexpr int kPer = Slice::kPer;
   constexpr int T = kDecodeTile;
   constexpr int N = T * G;  // scores per tile
-  constexpr int kShift = N == 32 ? 0 : N == 16 ? 1 : N == 8 ? 2 : N == 4 ? 3 : N == 2 ? 4 : 5;
+  constexpr int kShift = 5 - log2_of_pow2(N);  // lane l holds score l >> kShift
   __shared__ float s_m[kDecodeWarps][G];
   __shared__ float s_l[kDecodeWarps][G];
   __shared__ __align__(16) float s_acc[G][D];

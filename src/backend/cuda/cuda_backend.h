@@ -151,7 +151,7 @@ class CudaBackend final : public Backend {
   int32_t* pinned_reads_ = nullptr;  // [2] pinned host i32, the read_async slots
   // LILY_CUDA_FUSED_NORM=1: add_rms_norm_matmul_group and gated_rms_norm_matmul fold the norm
   // into the projection's launch (cuda::NormPrologue, cuda::GatedNormPrologue). Off by
-  // default until it is measured and tested on a GPU.
+  // default: tested on an H200 but measured no faster (docs/cuda.md).
   bool fused_norm_ = false;
   unsigned* norm_counter_ = nullptr;  // [1] device (in allocations_), zero between launches
   cudaEvent_t read_events_[2] = {nullptr, nullptr};

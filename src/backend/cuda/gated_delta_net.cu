@@ -138,6 +138,15 @@ constexpr int kLanesPerColumn = 8;
 
 __device__ __forceinline__ float softplus_cpu(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
+// The per-token gates of value head h, as the CPU forms them: alpha = exp(-exp(A_log)
+// softplus(a + dt_bias)) (decay_rate = exp(A_log)), beta = sigmoid(b).
+__device__ __forceinline__ float2 delta_gates(float a, float b, float decay_rate, float dt_bias) {
+  return make_float2(expf(-decay_rate * softplus_cpu(a + dt_bias)), sigmoidf_(b));
+}
+
+// 1 / L2 norm of a q or k vector from its sum of squares, with the CPU's epsilon.
+__device__ __forceinline__ float inv_l2_norm(float sum_sq) { return 1.0f / sqrtf(sum_sq + 1e-6f); }
+
 __device__ __forceinline__ void cp_async4(float* smem_dst, const float* gmem_src) {
   const auto dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(gmem_src) : "memory");
@@ -229,7 +238,7 @@ __global__ void __launch_bounds__(CG * L, 1)
         sum_sq += x[m] * x[m];
       }
       sum_sq = warp_sum(sum_sq);
-      const float inv = 1.0f / sqrtf(sum_sq + 1e-6f);
+      const float inv = inv_l2_norm(sum_sq);
       float* dst = is_k ? k_s[buf][tt] : q_s[buf][tt];
 #pragma unroll
       for (int m = 0; m < kPerLane; ++m) {
@@ -239,9 +248,7 @@ __global__ void __launch_bounds__(CG * L, 1)
       }
     }
     if (warp == kWarps - 1 && lane < kChunk && t0 + lane < n) {
-      const float beta = sigmoidf_(b_raw);
-      const float alpha = expf(-decay_rate * softplus_cpu(a_raw + bias));
-      gate_s[buf][lane] = make_float2(alpha, beta);
+      gate_s[buf][lane] = delta_gates(a_raw, b_raw, decay_rate, bias);
     }
   };
 
@@ -401,8 +408,8 @@ __global__ void __launch_bounds__(kDecodeThreads)
     qsq += qv * qv;
     ksq += kv * kv;
   }
-  const float q_inv = 1.0f / sqrtf(warp_sum(qsq) + 1e-6f);
-  const float k_inv = 1.0f / sqrtf(warp_sum(ksq) + 1e-6f);
+  const float q_inv = inv_l2_norm(warp_sum(qsq));
+  const float k_inv = inv_l2_norm(warp_sum(ksq));
   float qq[R];
   float kk[R];
 #pragma unroll
@@ -411,8 +418,9 @@ __global__ void __launch_bounds__(kDecodeThreads)
     qq[r] = q_src[i] * q_inv * q_scale;  // as the CPU: normalised, then scaled
     kk[r] = k_src[i] * k_inv;
   }
-  const float alpha = expf(-decay_rate * softplus_cpu(a_in[h] + bias));
-  const float beta = sigmoidf_(b_in[h]);
+  const float2 gates = delta_gates(a_in[h], b_in[h], decay_rate, bias);
+  const float alpha = gates.x;
+  const float beta = gates.y;
 
   // Sum over the block's row groups of one float4 per thread; every thread gets its quad's.
   const auto column_sum = [&](float4 v) {

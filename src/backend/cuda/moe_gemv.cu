@@ -268,20 +268,6 @@ __global__ void __launch_bounds__(kMoeThreads)
                         int64_t k, QuantMatrix shared_down, const float* __restrict__ shared_h,
                         const float* __restrict__ shared_logit, float* __restrict__ out,
                         bool x_vec) {
-  // The shared expert's rows of this warp do not depend on the routing: into L2 before the
-  // wait (the routed experts' rows were prefetched by the SwiGLU launch, when it had them).
-  {
-    const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * (kMoeThreads / 32) + threadIdx.x / 32) * kDownRows;
-    const int64_t cs = shared_down.in / Chunk<BitsS>::kValues;
-    const int64_t words_s = shared_down.in * BitsS / 32;
-    for (int i = 0; i < kDownRows; ++i) {
-      if (r0 + i >= shared_down.out) break;
-      for (int64_t c = threadIdx.x & 31; c < cs; c += 32) {
-        prefetch_l2(shared_down.codes + (r0 + i) * words_s + 4 * c);
-      }
-    }
-  }
-  grid_dependency_wait();
   constexpr int R = kDownRows;
   constexpr int U = kDownUnroll;
   using CD = Chunk<BitsD>;
@@ -290,6 +276,17 @@ __global__ void __launch_bounds__(kMoeThreads)
   const int64_t S = shared_down.in;
   const int64_t cd = I / CD::kValues;  // chunks per routed row
   const int64_t cs = S / CS::kValues;  // chunks per shared row
+  const int64_t words_s = S * BitsS / 32;
+  const int64_t H = down.out;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * (kMoeThreads / 32) + threadIdx.x / 32) * R;
+  // The shared expert's rows of this warp do not depend on the routing: into L2 before the
+  // wait (the routed experts' rows were prefetched by the SwiGLU launch, when it had them).
+  for (int i = 0; i < R && r0 + i < H; ++i) {
+    for (int64_t c = threadIdx.x & 31; c < cs; c += 32) {
+      prefetch_l2(shared_down.codes + (r0 + i) * words_s + 4 * c);
+    }
+  }
+  grid_dependency_wait();
   const int64_t n = gridDim.y;
   extern __shared__ float4 staged[];
   if constexpr (kShared) {
@@ -299,8 +296,6 @@ __global__ void __launch_bounds__(kMoeThreads)
   }
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int64_t t = blockIdx.y;
-  const int64_t H = down.out;
-  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * (kMoeThreads / 32) + threadIdx.x / 32) * R;
   if (r0 >= H) return;  // whole warp
   int64_t r[R];
 #pragma unroll
@@ -308,7 +303,6 @@ __global__ void __launch_bounds__(kMoeThreads)
 
   const int64_t words_d = I * BitsD / 32;
   const int64_t groups_d = I / kGroupSize;
-  const int64_t words_s = S * BitsS / 32;
   const int64_t groups_s = S / kGroupSize;
   const int64_t routed = k * cd;
   const int64_t items = routed + cs;
@@ -474,7 +468,6 @@ void expert_swiglu_shared_gemv(const QuantMatrix& gate, const QuantMatrix& up, c
                                int64_t n, cudaStream_t s) {
   swiglu_sets(gate, up, ids, k, h, shared_gate, shared_up, shared_h, FusedRoute{}, x, n, s);
 }
-
 
 void expert_down_combine_gemv(const QuantMatrix& down, const float* h, const int32_t* ids,
                               const float* weights, int64_t n, int64_t k,

@@ -29,7 +29,6 @@ inline int lanes_for_chunks(int64_t chunks) {
   return lanes;
 }
 
-
 // Weights are read exactly once per step: load them through the read-only path without
 // allocating in L1, so that the activations (re-read by every warp) stay cached there.
 __device__ __forceinline__ uint4 load_stream(const uint32_t* p) {

@@ -101,8 +101,8 @@ __device__ __forceinline__ float gemv_block_sum(float v) {
 }
 
 // The NormPrologue: stages rms_norm(residual + delta) * gain for NT tokens of `in` values
-// (in % 4 == 0, 16-byte aligned rows: the launcher checks), swizzled for SharedActs.
-// Returns whether this block was the last to stage (it then wrote residual and normed).
+// (in % 4 == 0, 16-byte aligned rows: the launcher checks), swizzled for SharedActs. The
+// last block to stage also writes residual and normed.
 template <int Bits, int NT>
 __device__ void stage_normed(const NormPrologue& p, int64_t in, float4* staged) {
   constexpr int F = Chunk<Bits>::kValues / 4;
@@ -222,6 +222,9 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
   for (int t = 0; t < NT; ++t) row_chunk[t] = static_cast<int64_t>(t) * chunks;
   float acc[kRows][NT] = {};
   const int c_next = c_first + kUnroll * lanes;
+  // (The preloaded first batch, then the rest of the lane's chunks, in both branches: one
+  // generic lambda for the two would be shorter, but it made ptxas spill twice as much in
+  // the n = 8 variant.)
   if constexpr (kShared) {
     extern __shared__ float4 staged[];
     if (batch.norm.residual != nullptr) {
@@ -297,10 +300,8 @@ void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, cuda
   if (norm.residual != nullptr || gated.z != nullptr) {
     throw std::invalid_argument("cuda::gemv_batch: a norm prologue needs n <= 2 and staged activations");
   }
-  {
-    launch(gemv_kernel<Bits, NT, kRows, false>, static_cast<unsigned>(blocks), kGemvThreads, 0, s,
-           batch, x, lanes, aligned16(x));
-  }
+  launch(gemv_kernel<Bits, NT, kRows, false>, static_cast<unsigned>(blocks), kGemvThreads, 0, s,
+         batch, x, lanes, aligned16(x));
 }
 
 template <int Bits, int NT>
