@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <memory>
 #include <string>
@@ -148,6 +149,45 @@ TEST(CudaGemv, ManyRows) {
   check_matmul(*be, *host, tall, 0, 100'003, 1, rng, "q4 [100003, 2048] n=1");
   check_matmul(*be, *host, tall, 0, 100'003, 3, rng, "q4 [100003, 2048] n=3");
   check_matmul(*be, *host, tall, 7, 99'990, 2, rng, "q4 [100003, 2048] rows [7, 99997) n=2");
+}
+
+// One token over a tall Q4 matrix of 1024 or 2048 inputs (from 32,768 rows; the lm_head is
+// 248,320 x 2048) takes the streaming kernel on compute capability 9.0 (stream_gemv.cu). It
+// sums in the generic kernel's order, so its output must equal, bit for bit, that of a
+// one-target matmul_group (which always runs the generic kernel), besides the references.
+// Row counts that leave a partial last tile, a row range starting mid-tile, and more tiles
+// than blocks (several laps of the 4-stage ring).
+TEST(CudaGemv, TallQ4StreamsBitIdenticalToTheGenericKernel) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  auto host = cpu();
+  Rng rng(309);
+  struct Case {
+    int64_t rows_total, in, row_begin, rows;
+  };
+  for (const Case c : {Case{100'003, 2048, 0, 100'003}, Case{100'003, 2048, 7, 99'990},
+                       Case{40'000, 1024, 0, 40'000}, Case{248'320, 2048, 0, 248'320}}) {
+    const std::string label = "q4 [" + std::to_string(c.rows_total) + ", " + std::to_string(c.in) +
+                              "] rows [" + std::to_string(c.row_begin) + ", " +
+                              std::to_string(c.row_begin + c.rows) + ") n=1";
+    const QuantWeight w(rng, 4, 1, static_cast<uint64_t>(c.rows_total), static_cast<uint64_t>(c.in), 0, "tall");
+    const std::vector<float> x = rng.uniform_vector(static_cast<size_t>(c.in), -2.0f, 2.0f);
+    const float* x_dev = to_device(*be, x);
+    float* streamed = unwritten(*be, static_cast<size_t>(c.rows));
+    float* generic = unwritten(*be, static_cast<size_t>(c.rows));
+    be->matmul(w.view(), c.row_begin, c.rows, x_dev, 1, streamed);
+    const MatmulTarget one[] = {{&w.view(), c.row_begin, c.rows, generic}};
+    be->matmul_group(one, x_dev, 1);
+    const std::vector<float> got = to_host(*be, streamed, static_cast<size_t>(c.rows));
+    const std::vector<float> want = to_host(*be, generic, static_cast<size_t>(c.rows));
+    int64_t differing = 0;
+    for (size_t r = 0; r < got.size(); ++r) {
+      if (std::memcmp(&got[r], &want[r], sizeof(float)) != 0) ++differing;
+    }
+    EXPECT_EQ(differing, 0) << label << ": rows differing from the generic kernel";
+    if (c.rows_total < 200'000) {  // the float64 reference of the full lm_head shape is slow
+      expect_matmul_output(*host, w, c.row_begin, c.rows, x, 1, got, "matmul", label, kTol);
+    }
+  }
 }
 
 TEST(CudaGemv, RowsPerSegmentFollowTheMatrixSize) {

@@ -13,7 +13,8 @@
 #                                    run (prefill, eager decode step, graph replays) to
 #                                    ncu-decode.csv, and `lily bench` arms at
 #                                    LILY_PROFILE_CONTEXTS (default 256) for each of
-#                                    LILY_PROFILE_ARMS (default: default,nopdl,fusednorm)
+#                                    LILY_PROFILE_ARMS (default: default,nopdl,fusednorm;
+#                                    also nostream); LILY_NCU=0 skips Nsight Compute
 #   LILY_CONTEXTS      CUDA matrix contexts (default 256,1024,4096,16384,65536,131072)
 #   LILY_CPU_CONTEXTS  CPU matrix contexts (default 256,512,1024); LILY_THREADS (default 16)
 #   LILY_GTEST_FILTER  gtest filter for cuda_tests (default all)
@@ -69,11 +70,12 @@ if has_stage profile; then
   ensure_full
   start=$(date +%s)
   # One metric needs one pass, so kernels are not replayed; graph nodes are profiled one by one.
-  timeout 300 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --page details \
+  # (LILY_NCU=0 skips it and keeps only the bench arms.)
+  [ "${LILY_NCU:-1}" = 0 ] || timeout 300 ncu --clock-control none --cache-control none --metrics gpu__time_duration.sum --csv --page details \
     --launch-count "${LILY_NCU_KERNELS:-2400}" \
     "$lily" run --model "$ckpt" --prompt-ids 1,2,3,4,5,6 --max-tokens 4 --device cuda \
     >"$out/ncu-decode.csv" 2>"$out/ncu-decode.err" || echo "ncu: rc $?"
-  gzip -f "$out/ncu-decode.csv"
+  [ ! -f "$out/ncu-decode.csv" ] || gzip -f "$out/ncu-decode.csv"
   echo "ncu: $(( $(date +%s) - start )) s"
   # `lily bench` arms: each context of LILY_PROFILE_CONTEXTS with each arm of LILY_PROFILE_ARMS
   # (default: the default build; nopdl: without programmatic dependent launch; fusednorm: the
@@ -84,10 +86,11 @@ if has_stage profile; then
         default) env=() ;;
         nopdl) env=(LILY_CUDA_PDL=0) ;;
         fusednorm) env=(LILY_CUDA_FUSED_NORM=1) ;;
+        nostream) env=(LILY_CUDA_STREAM_GEMV=0) ;;
         *) echo "unknown arm $arm"; continue ;;
       esac
       echo -n "ctx $ctx $arm: "
-      env "${env[@]}" "$lily" bench --model "$ckpt" --prompt-len "$ctx" --device cuda \
+      env "${env[@]}" timeout 150 "$lily" bench --model "$ckpt" --prompt-len "$ctx" --device cuda \
         --json-out "$out/bench-$ctx-$arm.json" 2>&1 | tail -1
     done
   done
@@ -96,7 +99,7 @@ fi
 if has_stage tests; then
   ensure_full
   start=$(date +%s)
-  LILY_FULL_CHECKPOINT=$ckpt ./build-gpu/tests/cuda/cuda_tests --gtest_filter="${LILY_GTEST_FILTER:-*}" \
+  LILY_FULL_CHECKPOINT=$ckpt timeout 400 ./build-gpu/tests/cuda/cuda_tests --gtest_filter="${LILY_GTEST_FILTER:-*}" \
     --gtest_output=json:"$out/cuda_tests.json" >"$out/cuda_tests.log" 2>&1 || true
   echo "cuda_tests: $(( $(date +%s) - start )) s"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$out/cuda_tests.log" | tail -40 || true

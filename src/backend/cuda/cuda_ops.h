@@ -69,6 +69,15 @@ void embed(const QuantMatrix& table, const int32_t* ids, int64_t n, float* out, 
 void gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
           float* y, cudaStream_t s);
 
+// ---- stream_gemv.cu (gemv of one token over a tall Q4 matrix: lm_head) ------------------
+// gemv routes here when stream_gemv_applies: n == 1, Q4, in of 1024 or 2048, at least
+// kStreamGemvMinRows rows, 16-byte aligned buffers, compute capability 9.0 (bulk copies).
+// Same contract and bit-identical results; persistent blocks keep tiles of rows in flight.
+inline constexpr int64_t kStreamGemvMinRows = 32768;
+bool stream_gemv_applies(const QuantMatrix& w, int64_t rows, const float* x, int64_t n);
+void stream_gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, float* y,
+                 cudaStream_t s);
+
 // Several projections of one input in one launch (the decode fusions: GDN qkv|z|a|b,
 // attention q|k|v, router|shared-expert gate). For each target, as gemv. Every target has the
 // same bit width and input width, rows > 0; at most kMaxGemvTargets targets.

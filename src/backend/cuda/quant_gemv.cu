@@ -520,6 +520,7 @@ void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n,
 void gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
           float* y, cudaStream_t s) {
   if (rows <= 0 || n <= 0) return;
+  if (stream_gemv_applies(w, rows, x, n)) return stream_gemv(w, row_begin, rows, x, y, s);
   const GemvTarget target{w, row_begin, rows, y};
   gemv_batch(&target, 1, x, n, s);
 }
