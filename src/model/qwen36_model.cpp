@@ -46,12 +46,14 @@ Qwen36Model::Qwen36Model(const Checkpoint& checkpoint, Backend& backend, int64_t
   shared_h_ = backend_.alloc(c * s.shared_expert_intermediate_size);
   shared_logit_ = backend_.alloc(c);
   logits_ = backend_.alloc(s.vocab_size);
-  next_token_ = backend_.alloc_i32(1);
-  token_slots_ = backend_.alloc_i32(2);
+  // The argmax lands in ids_[0], where the next decode step's embedding reads it: a pipelined
+  // step needs no copy between steps (submit_decode).
+  next_token_ = ids_;
 }
 
 void Qwen36Model::forward(DecodeState& state, std::span<const int32_t> tokens) {
   if (tokens.empty()) throw std::invalid_argument("forward: no tokens");
+  token_slot_ = -1;  // ids_ is about to be overwritten
   const auto count = static_cast<int64_t>(tokens.size());
   if (state.position + count > state.capacity) {
     throw std::invalid_argument("forward: " + std::to_string(state.position) + " + " +
@@ -231,18 +233,26 @@ void check_slot(int slot) {
 void Qwen36Model::submit_prefill(DecodeState& state, std::span<const int32_t> prompt, int to_slot) {
   check_slot(to_slot);
   forward(state, prompt);
-  backend_.copy_i32(next_token_, 1, token_slots_ + to_slot);
-  backend_.read_async(token_slots_ + to_slot, to_slot);
+  backend_.read_async(next_token_, to_slot);
+  token_slot_ = to_slot;
 }
 
 void Qwen36Model::submit_decode(DecodeState& state, int from_slot, int to_slot) {
   check_slot(from_slot);
   check_slot(to_slot);
-  // Device to device, in op order: the step that wrote the slot has been issued before.
-  backend_.copy_i32(token_slots_ + from_slot, 1, ids_);
+  // The token to feed is the last submit's argmax, still in ids_[0] (next_token_): in op
+  // order that submit has been issued before, and its read-back copy runs before this step
+  // overwrites it.
+  if (from_slot != token_slot_) {
+    throw std::logic_error("submit_decode: slot " + std::to_string(from_slot) +
+                           " is not the last submit's token (that is slot " +
+                           std::to_string(token_slot_) +
+                           "; -1: none since the last forward); a pipelined step feeds the "
+                           "token of the submit just before it");
+  }
   decode_step(state);
-  backend_.copy_i32(next_token_, 1, token_slots_ + to_slot);
-  backend_.read_async(token_slots_ + to_slot, to_slot);
+  backend_.read_async(next_token_, to_slot);
+  token_slot_ = to_slot;
 }
 
 int32_t Qwen36Model::wait_token(int slot) {

@@ -36,9 +36,11 @@ class Qwen36Model {
   void logits_to_host(std::vector<float>& out);
   int32_t next_token_to_host();
 
-  // Depth-2 pipelined decode, the way `lily bench` (and the CUDA engine) drive the model: a
-  // step feeds the token an earlier step left in a backend-side slot (0 or 1), so the host
-  // does not have to read it first; the host reads tokens with wait_token. On a synchronous
+  // Depth-2 pipelined decode, the way `lily bench` drives the model: a step feeds the token the
+  // submit just before it produced, which stays in backend memory (ids_[0]), so the host does
+  // not have to read it first; each submit also starts an asynchronous copy of its token into
+  // host slot `to_slot` (0 or 1), read with wait_token. submit_decode's from_slot must be the
+  // previous submit's to_slot (std::logic_error otherwise, e.g. after a forward). On a synchronous
   // backend (the CPU) every submit runs to completion before it returns. On a backend that
   // captures graphs, a state's first decode step runs op by op (sizing every scratch buffer),
   // the second is captured as a graph, and every later step replays it: token id and position
@@ -99,8 +101,8 @@ class Qwen36Model {
   float* shared_h_;
   float* shared_logit_;
   float* logits_;
-  int32_t* next_token_;
-  int32_t* token_slots_;  // [2] i32: the pipelined decode's token slots
+  int32_t* next_token_;   // [1] i32: the argmax, an alias of ids_[0] (the next step's input)
+  int token_slot_ = -1;   // the host slot the token in ids_[0] is being read into; -1: none
 
   // Captured decode graphs, keyed by the state's device position buffer (backend memory is
   // never freed, so the key cannot be reused by another state). A state is captured on its

@@ -14,7 +14,8 @@
 #                                    ncu-decode.csv, and `lily bench` arms at
 #                                    LILY_PROFILE_CONTEXTS (default 256) for each of
 #                                    LILY_PROFILE_ARMS (default: default,nopdl,fusednorm;
-#                                    also nostream); LILY_NCU=0 skips Nsight Compute
+#                                    also nostream); LILY_NCU=0 skips Nsight Compute;
+#                                    LILY_NCU_DETAIL=<regex>: full sections of one kernel
 #   LILY_CONTEXTS      CUDA matrix contexts (default 256,1024,4096,16384,65536,131072)
 #   LILY_CPU_CONTEXTS  CPU matrix contexts (default 256,512,1024); LILY_THREADS (default 16)
 #   LILY_GTEST_FILTER  gtest filter for cuda_tests (default all)
@@ -76,6 +77,13 @@ if has_stage profile; then
     "$lily" run --model "$ckpt" --prompt-ids 1,2,3,4,5,6 --max-tokens 4 --device cuda \
     >"$out/ncu-decode.csv" 2>"$out/ncu-decode.err" || echo "ncu: rc $?"
   [ ! -f "$out/ncu-decode.csv" ] || gzip -f "$out/ncu-decode.csv"
+  # LILY_NCU_DETAIL=<kernel name regex>: the full Nsight Compute section set of the first
+  # decode-step launch of the matching kernel (throughput, stall reasons, occupancy).
+  if [ -n "${LILY_NCU_DETAIL:-}" ]; then
+    timeout 200 ncu --set full -k "regex:${LILY_NCU_DETAIL}" --launch-skip 1 --launch-count 1 \
+      "$lily" run --model "$ckpt" --prompt-ids 1,2,3,4,5,6 --max-tokens 3 --device cuda \
+      >"$out/ncu-detail.txt" 2>"$out/ncu-detail.err" || echo "ncu detail: rc $?"
+  fi
   echo "ncu: $(( $(date +%s) - start )) s"
   # `lily bench` arms: each context of LILY_PROFILE_CONTEXTS with each arm of LILY_PROFILE_ARMS
   # (default: the default build; nopdl: without programmatic dependent launch; fusednorm: the

@@ -95,6 +95,25 @@ TEST(BenchRun, DecodeTokensAreTheGreedyContinuationAndRunsRepeat) {
   EXPECT_EQ(a.tokens, std::vector<int32_t>(expected.tokens.begin() + 1, expected.tokens.end()));
 }
 
+// A pipelined step feeds the token the submit just before it produced (it stays on the
+// backend), so submit_decode must name that submit's slot; anything else, or a decode after
+// a plain forward, is refused rather than fed a stale token.
+TEST(PipelinedDecode, RefusesASlotThatIsNotTheLastSubmits) {
+  testing::TinyModel& tiny = testing::tiny_model();
+  const std::vector<int32_t> prompt = synthetic_prompt(8, tiny.checkpoint.config.shape.vocab_size);
+  DecodeState state(*tiny.backend, tiny.checkpoint.config.shape, 32);
+  tiny.model.submit_prefill(state, prompt, 0);
+  EXPECT_THROW(tiny.model.submit_decode(state, 1, 0), std::logic_error);
+  tiny.model.submit_decode(state, 0, 1);
+  EXPECT_THROW(tiny.model.submit_decode(state, 0, 1), std::logic_error);
+  tiny.model.submit_decode(state, 1, 0);
+  const int32_t fed = tiny.model.wait_token(0);
+  EXPECT_EQ(state.position, 10);  // the refused submits ran nothing
+  tiny.model.forward(state, std::span<const int32_t>(&fed, 1));
+  EXPECT_THROW(tiny.model.submit_decode(state, 0, 1), std::logic_error);
+  EXPECT_EQ(state.position, 11);
+}
+
 TEST(BenchRun, RefusesAStateTooSmall) {
   testing::TinyModel& tiny = testing::tiny_model();
   BenchOptions options;
