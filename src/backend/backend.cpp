@@ -26,6 +26,16 @@ void Backend::gated_rms_norm_matmul(const float* x, const float* z, const DenseV
   matmul(w, 0, static_cast<int64_t>(w.rows()), scratch, n, y);
 }
 
+void Backend::gated_delta_net_mixer(const GatedDeltaNetWeights& w, const GatedDeltaNetDims& dims,
+                                    float eps, const float* mixed, const float* z, const float* a,
+                                    const float* b, float* window, float* state, int64_t n,
+                                    float* conv_out, float* core_out, float* normed, float* y) {
+  conv1d_silu(mixed, window, w.conv1d, dims, n, conv_out);
+  gated_delta_rule(conv_out, a, b, w.a_log, w.dt_bias, state, dims, n, core_out);
+  gated_rms_norm_matmul(core_out, z, w.norm, n * dims.value_heads, dims.value_dim, eps, normed,
+                        w.out_proj, n, y);
+}
+
 void Backend::expert_swiglu_with_shared(const QuantView& gate, const QuantView& up,
                                         const int32_t* ids, int64_t k, float* h,
                                         const QuantView& shared_gate, const QuantView& shared_up,

@@ -171,6 +171,17 @@ class Backend {
   virtual void gated_rms_norm_matmul(const float* x, const float* z, const DenseView& gain,
                                      int64_t rows, int64_t dim, float eps, float* scratch,
                                      const QuantView& w, int64_t n, float* y);
+  // The Gated DeltaNet mixer after its input projections, for n tokens: conv1d_silu(mixed,
+  // window) -> conv_out, gated_delta_rule(conv_out, a, b, state) -> core_out, then
+  // gated_rms_norm_matmul(core_out, z, w.norm) by w.out_proj -> y. Buffers as for those ops:
+  // mixed [n, C], z [n, Hv * Dv], a, b [n, Hv], window and state updated, y [n, H]; conv_out,
+  // core_out and normed are scratch that a backend fusing the ops may leave unwritten (the
+  // CUDA backend does for n == 1). The default runs the three ops.
+  virtual void gated_delta_net_mixer(const GatedDeltaNetWeights& w, const GatedDeltaNetDims& dims,
+                                     float eps, const float* mixed, const float* z,
+                                     const float* a, const float* b, float* window, float* state,
+                                     int64_t n, float* conv_out, float* core_out, float* normed,
+                                     float* y);
   // out = rms_norm(x per head) * gain * silu(z)        x, z, out [rows, dim]; gain [dim] plain
   virtual void gated_rms_norm(const float* x, const float* z, const DenseView& gain,
                               int64_t rows, int64_t dim, float eps, float* out) = 0;

@@ -173,10 +173,8 @@ void Qwen36Model::delta_net_mixer(const LayerWeights& layer, DecodeState::DeltaN
                                       {&w.in_proj_a, 0, Hv, a_},
                                       {&w.in_proj_b, 0, Hv, b_}};
   project(projections, n, pending_norm);
-  be.conv1d_silu(mixed_, s.conv_window, w.conv1d, gdn_dims_, n, conv_out_);
-  be.gated_delta_rule(conv_out_, a_, b_, w.a_log, w.dt_bias, s.recurrent, gdn_dims_, n, gdn_out_);
-  be.gated_rms_norm_matmul(gdn_out_, z_, w.norm, n * Hv, Dv, eps_, gdn_normed_, w.out_proj, n,
-                           delta_);
+  be.gated_delta_net_mixer(w, gdn_dims_, eps_, mixed_, z_, a_, b_, s.conv_window, s.recurrent, n,
+                           conv_out_, gdn_out_, gdn_normed_, delta_);
 }
 
 void Qwen36Model::attention_mixer(const LayerWeights& layer, DecodeState::AttentionCache& cache,

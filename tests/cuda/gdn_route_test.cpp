@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <string>
 #include <utility>
 #include <vector>
@@ -400,6 +401,90 @@ TEST(CudaMoeRoute, TiesPickLowestIdsAndInfinitiesHaveZeroWeight) {
   expect_route(*be, *host, {kNegInf, 1.0f, kNegInf, 2.0f, kNegInf, 0.5f}, 1, 6, 3, "-inf, k=finite count");
   expect_route(*be, *host, {kNegInf, 1.0f, kNegInf, 2.0f, kNegInf, 0.5f}, 1, 6, 5, "-inf, k>finite count");
   expect_route(*be, *host, {kNegInf, kNegInf, 5.0f, kNegInf}, 1, 4, 1, "single finite expert");
+}
+
+// ---- gated_delta_net_mixer ----------------------------------------------------------------------
+
+// The mixer after the input projections (conv, delta rule, gated norm, output projection) over
+// consecutive steps with carried window and state, three ways: the CUDA backend (for n = 1 the
+// conv runs inside the delta rule's launch and the window shifts in the projection's), the CUDA
+// backend with that fusion off (LILY_CUDA_FUSED_CONV=0: the three ops) and the CPU backend.
+// A window shifted too early (before every block read it) or not at all, a wrong q/k/v channel
+// in the fused conv, or a stale conv output shows up as a window mismatch or an O(1) error.
+TEST(CudaGatedDeltaNetMixer, FusedConvStepsMatchTheThreeOps) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  std::string why;
+  std::unique_ptr<Backend> unfused = cuda_backend_with_env_or_null("LILY_CUDA_FUSED_CONV", "0", &why);
+  ASSERT_TRUE(unfused) << why;
+  auto host = cpu(2);
+  Rng rng(181);
+  // Two value heads per key head; Dk != Dv in one; the model's shape.
+  const GatedDeltaNetDims all[] = {{2, 4, 32, 32, 4}, {2, 4, 64, 32, 4}, {2, 4, 128, 64, 4}, model_dims()};
+  for (const GatedDeltaNetDims& d : all) {
+    const std::string dl = dims_label(d);
+    const auto C = static_cast<size_t>(d.channels());
+    const auto Hv = static_cast<size_t>(d.value_heads);
+    const auto Dv = static_cast<size_t>(d.value_dim);
+    const auto K = static_cast<size_t>(d.conv_kernel);
+    const uint64_t H = d.key_dim == 128 && d.key_heads == 16 ? 2048 : 96;
+    const DenseTensor conv(DType::BF16, {C, K, 1}, rng.uniform_vector(C * K, -0.6f, 0.6f), "conv1d");
+    const DenseTensor a_log(DType::F32, {Hv}, rng.uniform_vector(Hv, 0.0f, 2.7f), "A_log");
+    const DenseTensor dt_bias(DType::BF16, {Hv}, rng.uniform_vector(Hv, -1.0f, 1.0f), "dt_bias");
+    const DenseTensor norm(DType::BF16, {Dv}, rng.uniform_vector(Dv, 0.5f, 1.5f), "norm");
+    const QuantWeight out_proj(rng, 4, 1, H, Hv * Dv, 0, "out_proj");
+    GatedDeltaNetWeights w;
+    w.conv1d = conv.view();
+    w.a_log = a_log.view();
+    w.dt_bias = dt_bias.view();
+    w.norm = norm.view();
+    w.out_proj = out_proj.view();
+    const size_t state_count = Hv * static_cast<size_t>(d.key_dim) * Dv;
+
+    // Per backend: window, state and the scratch/output buffers.
+    struct Side {
+      Backend* be;
+      float *window, *state, *conv_out, *core_out, *normed, *y;
+    };
+    const std::vector<float> window0 = rng.uniform_vector((K - 1) * C, -2.0f, 2.0f);
+    const std::vector<float> state0 = rng.uniform_vector(state_count, -0.5f, 0.5f);
+    auto side = [&](Backend& b, size_t n_max) {
+      return Side{&b, to_device(b, window0), to_device(b, state0), b.alloc(n_max * C),
+                  b.alloc(n_max * Hv * Dv), b.alloc(n_max * Hv * Dv), b.alloc(n_max * H)};
+    };
+    constexpr size_t kMaxTokens = 3;
+    Side sides[] = {side(*be, kMaxTokens), side(*unfused, kMaxTokens), side(*host, kMaxTokens)};
+    // Five decode steps, a 3-token call (the op's unfused path on CUDA too), two more steps.
+    int step = 0;
+    for (int64_t n : {1, 1, 1, 1, 1, 3, 1, 1}) {
+      const std::string label = dl + " step " + std::to_string(step++) + " n=" + std::to_string(n);
+      const auto un = static_cast<size_t>(n);
+      const std::vector<float> mixed = rng.uniform_vector(un * C, -2.0f, 2.0f);
+      const std::vector<float> z = rng.uniform_vector(un * Hv * Dv, -3.0f, 3.0f);
+      const std::vector<float> a = rng.uniform_vector(un * Hv, -3.0f, 3.0f);
+      const std::vector<float> b = rng.uniform_vector(un * Hv, -4.0f, 4.0f);
+      std::vector<std::vector<float>> y, state, window;
+      for (Side& x : sides) {
+        Backend& b2 = *x.be;
+        b2.gated_delta_net_mixer(w, d, 1e-6f, to_device(b2, mixed), to_device(b2, z), to_device(b2, a),
+                                 to_device(b2, b), x.window, x.state, n, x.conv_out, x.core_out,
+                                 x.normed, x.y);
+        y.push_back(to_host(b2, x.y, un * H));
+        state.push_back(to_host(b2, x.state, state_count));
+        window.push_back(to_host(b2, x.window, window0.size()));
+      }
+      // The window only ever holds copied inputs: equal bit for bit on every side.
+      EXPECT_EQ(window[0], window[2]) << label << ": fused window vs cpu";
+      EXPECT_EQ(window[1], window[2]) << label << ": unfused window vs cpu";
+      const ErrorFigures fy = report("cuda gated_delta_net_mixer", label + " y vs cpu", y[0], widen(y[2]));
+      const ErrorFigures fs = report("cuda gated_delta_net_mixer", label + " state vs cpu", state[0], widen(state[2]));
+      EXPECT_LT(fy.normalised, kTol) << label;
+      EXPECT_LT(fs.normalised, kTol) << label;
+      // Fused and unfused CUDA run the same arithmetic (the conv's expression, the delta
+      // rule's code): within f32 rounding of each other, far below the CPU bound.
+      EXPECT_LT(compare_f32(y[0], y[1]).normalised, 1e-6) << label << ": fused vs unfused y";
+      EXPECT_LT(compare_f32(state[0], state[1]).normalised, 1e-6) << label << ": fused vs unfused state";
+    }
+  }
 }
 
 // ---- graph capture ----------------------------------------------------------------------------

@@ -162,6 +162,8 @@ CudaBackend::CudaBackend() {
   cuda::set_pdl_enabled(prop.major >= 9 && !(pdl != nullptr && std::string(pdl) == "0"));
   const char* fused_norm = std::getenv("LILY_CUDA_FUSED_NORM");
   fused_norm_ = fused_norm != nullptr && std::string(fused_norm) == "1";
+  const char* fused_conv = std::getenv("LILY_CUDA_FUSED_CONV");
+  fused_conv_ = !(fused_conv != nullptr && std::string(fused_conv) == "0");
   LILY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   workspace_ = std::make_unique<CudaWorkspace>(stream_);
   LILY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_reads_), 2 * sizeof(int32_t),
@@ -484,25 +486,68 @@ void CudaBackend::add_rms_norm_matmul_group(float* residual, const float* delta,
 void CudaBackend::gated_rms_norm_matmul(const float* x, const float* z, const DenseView& gain,
                                         int64_t rows, int64_t dim, float eps, float* scratch,
                                         const QuantView& w, int64_t n, float* y) {
+  gated_norm_projection(x, z, gain, rows, dim, eps, scratch, w, n, y, cuda::WindowShift{});
+}
+
+void CudaBackend::gated_norm_projection(const float* x, const float* z, const DenseView& gain,
+                                        int64_t rows, int64_t dim, float eps, float* scratch,
+                                        const QuantView& w, int64_t n, float* y,
+                                        const cuda::WindowShift& shift) {
   const cuda::QuantMatrix& m = quant(w);
   const bool fold = fused_norm_ && n > 0 && n <= 2 && dim > 0 && dim % 4 == 0 && dim <= 128 &&
                     rows % n == 0 && m.in == rows / n * dim && cuda::aligned16(x) &&
                     cuda::aligned16(z) &&
                     static_cast<size_t>(rows * dim) * sizeof(float) <= cuda::kMaxStagedBytes;
+  const cuda::GemvTarget target{m, 0, m.rows(), y};
   if (!fold) {
-    Backend::gated_rms_norm_matmul(x, z, gain, rows, dim, eps, scratch, w, n, y);
+    if (shift.window == nullptr) {
+      Backend::gated_rms_norm_matmul(x, z, gain, rows, dim, eps, scratch, w, n, y);
+      return;
+    }
+    gated_rms_norm(x, z, gain, rows, dim, eps, scratch);
+    check_matmul(m, w, 0, m.rows(), scratch, n, y, "gated_delta_net_mixer");
+    require(n <= cuda::kGemvMaxTokens, "gated_delta_net_mixer", "a window shift needs n <= 8");
+    cuda::gemv_batch(&target, 1, scratch, n, stream_, cuda::NormPrologue{},
+                     cuda::GatedNormPrologue{}, shift);
     return;
   }
   check_dense(gain, dim, "gated_rms_norm_matmul");
   check_matmul(m, w, 0, m.rows(), x, n, y, "gated_rms_norm_matmul");
   require(z != nullptr, "gated_rms_norm_matmul", "null gate buffer");
-  const cuda::GemvTarget target{m, 0, m.rows(), y};
   cuda::GatedNormPrologue gated;
   gated.z = z;
   gated.gain = dense(gain);
   gated.head_dim = static_cast<int>(dim);
   gated.eps = eps;
-  cuda::gemv_batch(&target, 1, x, n, stream_, cuda::NormPrologue{}, gated);
+  cuda::gemv_batch(&target, 1, x, n, stream_, cuda::NormPrologue{}, gated, shift);
+}
+
+void CudaBackend::gated_delta_net_mixer(const GatedDeltaNetWeights& w,
+                                        const GatedDeltaNetDims& dims, float eps,
+                                        const float* mixed, const float* z, const float* a,
+                                        const float* b, float* window, float* state, int64_t n,
+                                        float* conv_out, float* core_out, float* normed,
+                                        float* y) {
+  const cuda::DeltaNetShape d = delta_net_shape(dims, "gated_delta_net_mixer");
+  if (!fused_conv_ || n != 1 || !cuda::gated_delta_step_supports(d)) {
+    Backend::gated_delta_net_mixer(w, dims, eps, mixed, z, a, b, window, state, n, conv_out,
+                                   core_out, normed, y);
+    return;
+  }
+  // One token: the conv inside the delta rule's launch, which only reads the window; the
+  // output projection's launch shifts it, after every block of the delta rule has read it.
+  check_dense(w.conv1d, d.channels() * dims.conv_kernel, "gated_delta_net_mixer");
+  check_dense(w.a_log, dims.value_heads, "gated_delta_net_mixer");
+  check_dense(w.dt_bias, dims.value_heads, "gated_delta_net_mixer");
+  require(mixed != nullptr && z != nullptr && a != nullptr && b != nullptr && window != nullptr &&
+              state != nullptr && core_out != nullptr && normed != nullptr && y != nullptr,
+          "gated_delta_net_mixer", "null buffer");
+  require(cuda::aligned16(state), "gated_delta_net_mixer", "needs a 16-byte aligned state");
+  cuda::gated_delta_step(mixed, window, dense(w.conv1d), a, b, dense(w.a_log), dense(w.dt_bias),
+                         state, d, core_out, stream_);
+  const cuda::WindowShift shift{mixed, window, d.channels(), d.conv_kernel};
+  gated_norm_projection(core_out, z, w.norm, dims.value_heads, dims.value_dim, eps, normed,
+                        w.out_proj, 1, y, shift);
 }
 
 void CudaBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x,

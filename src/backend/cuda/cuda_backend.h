@@ -74,6 +74,10 @@ class CudaBackend final : public Backend {
   void gated_rms_norm_matmul(const float* x, const float* z, const DenseView& gain, int64_t rows,
                              int64_t dim, float eps, float* scratch, const QuantView& w,
                              int64_t n, float* y) override;
+  void gated_delta_net_mixer(const GatedDeltaNetWeights& w, const GatedDeltaNetDims& dims,
+                             float eps, const float* mixed, const float* z, const float* a,
+                             const float* b, float* window, float* state, int64_t n,
+                             float* conv_out, float* core_out, float* normed, float* y) override;
   void rms_norm(const float* x, const DenseView& gain, int64_t n, int64_t dim, float eps,
                 float* out) override;
   void add_rms_norm(float* residual, const float* delta, const DenseView& gain, int64_t n,
@@ -138,6 +142,10 @@ class CudaBackend final : public Backend {
                                 int64_t n, const char* op);
   bool capturing() const;
   void* device_alloc(size_t bytes);
+  // gated_rms_norm_matmul, with `shift` done by the projection's launch (n <= 8 then).
+  void gated_norm_projection(const float* x, const float* z, const DenseView& gain, int64_t rows,
+                             int64_t dim, float eps, float* scratch, const QuantView& w, int64_t n,
+                             float* y, const cuda::WindowShift& shift);
 
   cudaStream_t stream_ = nullptr;
   std::string device_name_;
@@ -153,6 +161,10 @@ class CudaBackend final : public Backend {
   // into the projection's launch (cuda::NormPrologue, cuda::GatedNormPrologue). Off by
   // default: tested on an H200 but measured no faster (docs/cuda.md).
   bool fused_norm_ = false;
+  // On unless LILY_CUDA_FUSED_CONV=0: gated_delta_net_mixer with n == 1 runs the conv inside
+  // the delta rule's launch and shifts the window in the output projection's
+  // (cuda::gated_delta_step, cuda::WindowShift): one launch fewer per Gated DeltaNet layer.
+  bool fused_conv_ = true;
   unsigned* norm_counter_ = nullptr;  // [1] device (in allocations_), zero between launches
   cudaEvent_t read_events_[2] = {nullptr, nullptr};
 };

@@ -110,9 +110,20 @@ struct GatedNormPrologue {
   int head_dim = 0;             // 128 in the model: a multiple of 4, at most 128
   float eps = 0.0f;
 };
+// Optional side job of a batch (any n): after the wait, the launch's threads shift a conv
+// window by one token, as conv1d_silu does for n = 1: window row j <- row j + 1 for
+// j < K-2, row K-2 <- mixed (one token's inputs). For gated_delta_step, whose window update
+// has to wait until all its blocks have read it: the output projection launched after it.
+struct WindowShift {
+  const float* mixed = nullptr;  // [channels] f32
+  float* window = nullptr;       // [K-1, channels] f32, updated; nullptr: nothing to do
+  int64_t channels = 0;
+  int conv_kernel = 0;           // K, 2..8
+};
 void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s,
                 const NormPrologue& norm = NormPrologue{},
-                const GatedNormPrologue& gated = GatedNormPrologue{});
+                const GatedNormPrologue& gated = GatedNormPrologue{},
+                const WindowShift& shift = WindowShift{});
 
 // out[t] = index of the largest logit (lowest index on ties; NaN never wins over a number,
 // where the CPU's strict scan would keep a NaN at index 0: a difference only for NaN logits).
@@ -224,6 +235,15 @@ void conv1d_silu(const float* mixed, float* window, const float* weight, const D
 void gated_delta_rule(const float* conv, const float* a, const float* b, const float* a_log,
                       const float* dt_bias, float* state, const DeltaNetShape& d, int64_t n,
                       float* out, cudaStream_t s);
+// One token of conv1d_silu fused into the one-token gated delta rule, one launch: mixed [C]
+// is this token's projection, window [K-1, C] is read and NOT updated (the caller shifts it
+// with a WindowShift on a later launch, after every block of this one has read it), weight
+// f32 [C, K]; the rest as gated_delta_rule with n = 1. Supported: gated_delta_step_supports.
+inline constexpr int kFusedConvKernel = 4;  // the model's conv_kernel
+bool gated_delta_step_supports(const DeltaNetShape& d);
+void gated_delta_step(const float* mixed, const float* window, const float* conv_weight,
+                      const float* a, const float* b, const float* a_log, const float* dt_bias,
+                      float* state, const DeltaNetShape& d, float* out, cudaStream_t s);
 // softmax over E logits, top-k (ties: lower id first), weights renormalised to sum 1.
 // logits [n, E]; ids [n, k] i32; weights [n, k]
 void moe_route(const float* logits, int64_t n, int64_t experts, int64_t k, int32_t* ids,

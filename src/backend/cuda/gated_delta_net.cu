@@ -7,6 +7,8 @@
 //   conv1d_silu:      conv_kernel 2..8, any channel count.
 //   gated_delta_rule: key_dim 32, 64 or 128; value_dim a multiple of 8; value_heads a
 //                     multiple of key_heads; a 16-byte aligned state.
+//   gated_delta_step: the one-token delta rule with the conv fused in front: conv_kernel 4,
+//                     key_dim 32, 64 or 128; the window is read, not updated (WindowShift).
 // The conv reads its window, and a one-token delta rule its state, before grid_dependency_wait
 // (see the kernels): they must not have been written by the launch immediately before (the
 // model always has other ops in between; the launch after next sees them).
@@ -364,16 +366,43 @@ constexpr int kDecodeThreads = 256;
 constexpr int kDecodeWarps = kDecodeThreads / 32;
 constexpr int kDecodeRowGroups = kDecodeThreads / (kDecodeCols / 4);  // 32
 
-template <int Dk>
+// The conv fused in front (K > 0, gated_delta_step): the block forms the conv1d + SiLU of the
+// channels it reads (its key head's q and k, its value columns' v) from `mixed`, the carried
+// window and the taps, exactly as conv1d_silu_kernel does, into shared memory. Taps and window
+// are read before the wait (the window only changes in a later launch: WindowShift on the
+// output projection, once every block of this one has read it). K == 0: `conv` holds the conv
+// output (gated_delta_rule).
+struct FusedConv {
+  const float* mixed = nullptr;   // [C] the projection of this token
+  const float* window = nullptr;  // [K-1, C] the previous inputs, oldest first (read only)
+  const float* weight = nullptr;  // [C, K] taps
+};
+
+// Conv + SiLU of one channel: taps[0..K-1], hist = the K-1 previous inputs, x = this token's.
+template <int K>
+__device__ __forceinline__ float conv_silu_one(const float (&taps)[K], const float (&hist)[K - 1],
+                                               float x) {
+  float acc = 0.0f;  // conv1d_silu_kernel's order: tap 0 (oldest) first
+#pragma unroll
+  for (int j = 0; j < K - 1; ++j) acc += taps[j] * hist[j];
+  acc += taps[K - 1] * x;
+  return silu_cpu(acc);
+}
+
+template <int Dk, int K>
 __global__ void __launch_bounds__(kDecodeThreads)
-    gated_delta_decode_kernel(const float* __restrict__ conv, const float* __restrict__ a_in,
-                              const float* __restrict__ b_in, const float* __restrict__ a_log,
-                              const float* __restrict__ dt_bias, float* __restrict__ state, int Hk,
-                              int Hv, int Dv, float q_scale, float* __restrict__ out) {
+    gated_delta_decode_kernel(const float* __restrict__ conv, FusedConv fused,
+                              const float* __restrict__ a_in, const float* __restrict__ b_in,
+                              const float* __restrict__ a_log, const float* __restrict__ dt_bias,
+                              float* __restrict__ state, int Hk, int Hv, int Dv, float q_scale,
+                              float* __restrict__ out) {
   static_assert(Dk % kDecodeRowGroups == 0 && Dk <= 128, "unsupported key_dim");
+  static_assert(2 * Dk <= kDecodeThreads, "one q/k channel per thread");
   constexpr int R = Dk / kDecodeRowGroups;  // state rows per thread
   constexpr int kPerLane = Dk / 32;         // q/k elements per lane for the norms
   __shared__ float4 red[kDecodeWarps][kDecodeCols / 4];
+  // K > 0: the conv outputs this block reads: q | k of its key head, then its value columns.
+  __shared__ float conv_s[K > 0 ? 2 * Dk + kDecodeCols : 1];
 
   const int h = static_cast<int>(blockIdx.x);
   const int tid = static_cast<int>(threadIdx.x);
@@ -393,12 +422,47 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
   const float decay_rate = expf(a_log[h]);
   const float bias = dt_bias[h];
-  grid_dependency_wait();
+  const int kh = h / (Hv / Hk);
+  const float* q_src;  // [Dk] this key head's q, k; v_src: this thread's 4 value columns
+  const float* k_src;
+  const float* v_src;
+  if constexpr (K > 0) {
+    // Thread t < 2 Dk: q/k channel t of the key head; thread t < kDecodeCols also value
+    // column blockIdx.y * kDecodeCols + t (when < Dv).
+    const int64_t C = 2LL * Hk * Dk + static_cast<int64_t>(Hv) * Dv;
+    const int v_col = static_cast<int>(blockIdx.y) * kDecodeCols + tid;
+    const bool has_qk = tid < 2 * Dk;
+    const bool has_v = tid < kDecodeCols && v_col < Dv;
+    const int64_t qk_ch = tid < Dk ? static_cast<int64_t>(kh) * Dk + tid
+                                    : static_cast<int64_t>(Hk) * Dk + static_cast<int64_t>(kh) * Dk + (tid - Dk);
+    const int64_t v_ch = 2LL * Hk * Dk + static_cast<int64_t>(h) * Dv + v_col;
+    float qk_taps[K], v_taps[K];
+    float qk_hist[K - 1], v_hist[K - 1];
+#pragma unroll
+    for (int j = 0; j < K; ++j) {
+      qk_taps[j] = has_qk ? fused.weight[qk_ch * K + j] : 0.0f;
+      v_taps[j] = has_v ? fused.weight[v_ch * K + j] : 0.0f;
+    }
+#pragma unroll
+    for (int j = 0; j < K - 1; ++j) {
+      qk_hist[j] = has_qk ? fused.window[j * C + qk_ch] : 0.0f;
+      v_hist[j] = has_v ? fused.window[j * C + v_ch] : 0.0f;
+    }
+    grid_dependency_wait();
+    if (has_qk) conv_s[tid] = conv_silu_one<K>(qk_taps, qk_hist, fused.mixed[qk_ch]);
+    if (has_v) conv_s[2 * Dk + tid] = conv_silu_one<K>(v_taps, v_hist, fused.mixed[v_ch]);
+    __syncthreads();
+    q_src = conv_s;
+    k_src = conv_s + Dk;
+    v_src = conv_s + 2 * Dk + 4 * cq;
+  } else {
+    q_src = conv + static_cast<int64_t>(kh) * Dk;
+    k_src = conv + static_cast<int64_t>(Hk) * Dk + static_cast<int64_t>(kh) * Dk;
+    v_src = conv + 2LL * Hk * Dk + static_cast<int64_t>(h) * Dv + c;
+    grid_dependency_wait();
+  }
 
   // q and k of the key head, L2-normalised (every warp forms the norms itself).
-  const int kh = h / (Hv / Hk);
-  const float* q_src = conv + static_cast<int64_t>(kh) * Dk;
-  const float* k_src = conv + static_cast<int64_t>(Hk) * Dk + static_cast<int64_t>(kh) * Dk;
   float qsq = 0.0f;
   float ksq = 0.0f;
 #pragma unroll
@@ -453,7 +517,6 @@ __global__ void __launch_bounds__(kDecodeThreads)
     part.w = fmaf(s[r].w, kk[r], part.w);
   }
   const float4 kv = column_sum(part);
-  const float* v_src = conv + 2LL * Hk * Dk + static_cast<int64_t>(h) * Dv + c;
   float4 delta = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   if (live) {
     delta = make_float4(beta * (v_src[0] - kv.x), beta * (v_src[1] - kv.y),
@@ -485,14 +548,14 @@ __global__ void __launch_bounds__(kDecodeThreads)
   }
 }
 
-template <int Dk>
+template <int Dk, int K = 0>
 void launch_delta_decode(const float* conv, const float* a, const float* b, const float* a_log,
                          const float* dt_bias, float* state, const DeltaNetShape& d, float q_scale,
-                         float* out, cudaStream_t s) {
+                         float* out, cudaStream_t s, const FusedConv& fused = FusedConv{}) {
   const dim3 grid(static_cast<unsigned>(d.value_heads),
                   static_cast<unsigned>((d.value_dim + kDecodeCols - 1) / kDecodeCols));
-  launch(gated_delta_decode_kernel<Dk>, grid, kDecodeThreads, 0, s, conv, a, b, a_log, dt_bias,
-         state, d.key_heads, d.value_heads, d.value_dim, q_scale, out);
+  launch(gated_delta_decode_kernel<Dk, K>, grid, kDecodeThreads, 0, s, conv, fused, a, b, a_log,
+         dt_bias, state, d.key_heads, d.value_heads, d.value_dim, q_scale, out);
 }
 
 // One token: the decode kernel above. A few tokens: 8 columns per block for more, smaller blocks
@@ -531,16 +594,56 @@ void conv1d_silu(const float* mixed, float* window, const float* weight, const D
   }
 }
 
+namespace {
+void check_delta_shape(const DeltaNetShape& d, const char* op) {
+  if (d.key_heads <= 0 || d.value_heads % d.key_heads != 0 || d.value_dim <= 0 ||
+      d.value_dim % 8 != 0) {
+    throw std::invalid_argument(std::string("cuda::") + op +
+                                ": value_dim must be a multiple of 8 and value_heads a multiple "
+                                "of key_heads");
+  }
+}
+float query_scale(const DeltaNetShape& d) {
+  return 1.0f / std::sqrt(static_cast<float>(d.key_dim));  // as the CPU
+}
+}  // namespace
+
+bool gated_delta_step_supports(const DeltaNetShape& d) {
+  return d.conv_kernel == kFusedConvKernel &&
+         (d.key_dim == 32 || d.key_dim == 64 || d.key_dim == 128);
+}
+
+void gated_delta_step(const float* mixed, const float* window, const float* conv_weight,
+                      const float* a, const float* b, const float* a_log, const float* dt_bias,
+                      float* state, const DeltaNetShape& d, float* out, cudaStream_t s) {
+  check_delta_shape(d, "gated_delta_step");
+  if (!gated_delta_step_supports(d)) {
+    throw std::invalid_argument("cuda::gated_delta_step: needs conv_kernel " +
+                                std::to_string(kFusedConvKernel) +
+                                " and key_dim 32, 64 or 128; got " + std::to_string(d.conv_kernel) +
+                                " and " + std::to_string(d.key_dim));
+  }
+  const FusedConv fused{mixed, window, conv_weight};
+  const float q_scale = query_scale(d);
+  switch (d.key_dim) {
+    case 32:
+      return launch_delta_decode<32, kFusedConvKernel>(nullptr, a, b, a_log, dt_bias, state, d,
+                                                       q_scale, out, s, fused);
+    case 64:
+      return launch_delta_decode<64, kFusedConvKernel>(nullptr, a, b, a_log, dt_bias, state, d,
+                                                       q_scale, out, s, fused);
+    default:
+      return launch_delta_decode<128, kFusedConvKernel>(nullptr, a, b, a_log, dt_bias, state, d,
+                                                        q_scale, out, s, fused);
+  }
+}
+
 void gated_delta_rule(const float* conv, const float* a, const float* b, const float* a_log,
                       const float* dt_bias, float* state, const DeltaNetShape& d, int64_t n,
                       float* out, cudaStream_t s) {
   if (n <= 0) return;
-  if (d.key_heads <= 0 || d.value_heads % d.key_heads != 0 || d.value_dim <= 0 ||
-      d.value_dim % 8 != 0) {
-    throw std::invalid_argument("cuda::gated_delta_rule: value_dim must be a multiple of 8 and "
-                                "value_heads a multiple of key_heads");
-  }
-  const float q_scale = 1.0f / std::sqrt(static_cast<float>(d.key_dim));  // as the CPU
+  check_delta_shape(d, "gated_delta_rule");
+  const float q_scale = query_scale(d);
   switch (d.key_dim) {
     case 32: return dispatch_delta<32>(conv, a, b, a_log, dt_bias, state, d, n, q_scale, out, s);
     case 64: return dispatch_delta<64>(conv, a, b, a_log, dt_bias, state, d, n, q_scale, out, s);

@@ -52,7 +52,20 @@ struct GemvBatch {
   int count = 0;
   NormPrologue norm;  // active when norm.residual != nullptr (kShared kernels only)
   GatedNormPrologue gated;  // active when gated.z != nullptr (kShared kernels only)
+  WindowShift shift;        // active when shift.window != nullptr
 };
+
+// The WindowShift side job: each thread of the launch takes channels c, c + threads, ...
+__device__ void shift_window(const WindowShift& w) {
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < w.channels;
+       c += threads) {
+    for (int j = 0; j + 1 < w.conv_kernel - 1; ++j) {
+      w.window[j * w.channels + c] = w.window[(j + 1) * w.channels + c];
+    }
+    w.window[(w.conv_kernel - 2) * w.channels + c] = w.mixed[c];
+  }
+}
 
 // The GatedNormPrologue: stages gated_rms_norm(x, z) for NT tokens of `in` values, one warp
 // per head of head_dim <= 128 values (one float4 per lane), swizzled for SharedActs.
@@ -217,6 +230,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
     }
   }
   grid_dependency_wait();
+  if (batch.shift.window != nullptr) shift_window(batch.shift);
   int64_t row_chunk[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) row_chunk[t] = static_cast<int64_t>(t) * chunks;
@@ -274,13 +288,15 @@ int sm_count() {
 
 template <int Bits, int NT, int kRows>
 void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, cudaStream_t s,
-                      const NormPrologue& norm, const GatedNormPrologue& gated) {
+                      const NormPrologue& norm, const GatedNormPrologue& gated,
+                      const WindowShift& shift) {
   const int lanes = gemv_detail::lanes_for_chunks(targets[0].w.in / Chunk<Bits>::kValues);
   const int64_t rows_per_block = (kGemvThreads / 32) * (32 / lanes) * kRows;
   GemvBatch batch;
   batch.count = count;
   batch.norm = norm;
   batch.gated = gated;
+  batch.shift = shift;
   int64_t blocks = 0;
   for (int i = 0; i < count; ++i) {
     batch.target[i] = targets[i];
@@ -306,7 +322,8 @@ void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, cuda
 
 template <int Bits, int NT>
 void launch_gemv(const GemvTarget* targets, int count, const float* x, cudaStream_t s,
-                 const NormPrologue& norm, const GatedNormPrologue& gated) {
+                 const NormPrologue& norm, const GatedNormPrologue& gated,
+                 const WindowShift& shift) {
   if constexpr (kGemvRows<NT> == 8) {
     const int lanes = gemv_detail::lanes_for_chunks(targets[0].w.in / Chunk<Bits>::kValues);
     const int64_t segments_per_block = (kGemvThreads / 32) * (32 / lanes);
@@ -315,26 +332,27 @@ void launch_gemv(const GemvTarget* targets, int count, const float* x, cudaStrea
     const auto blocks_at = [&](int r) { return (rows + segments_per_block * r - 1) / (segments_per_block * r); };
     if (blocks_at(8) < sm_count()) {
       if (blocks_at(2) >= sm_count()) {
-        return launch_gemv_rows<Bits, NT, 2>(targets, count, x, s, norm, gated);
+        return launch_gemv_rows<Bits, NT, 2>(targets, count, x, s, norm, gated, shift);
       }
-      return launch_gemv_rows<Bits, NT, 1>(targets, count, x, s, norm, gated);
+      return launch_gemv_rows<Bits, NT, 1>(targets, count, x, s, norm, gated, shift);
     }
   }
-  launch_gemv_rows<Bits, NT, kGemvRows<NT>>(targets, count, x, s, norm, gated);
+  launch_gemv_rows<Bits, NT, kGemvRows<NT>>(targets, count, x, s, norm, gated, shift);
 }
 
 template <int Bits>
 void gemv_bits(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s,
-               const NormPrologue& norm, const GatedNormPrologue& gated) {
+               const NormPrologue& norm, const GatedNormPrologue& gated,
+               const WindowShift& shift) {
   switch (n) {
-    case 1: return launch_gemv<Bits, 1>(targets, count, x, s, norm, gated);
-    case 2: return launch_gemv<Bits, 2>(targets, count, x, s, norm, gated);
-    case 3: return launch_gemv<Bits, 3>(targets, count, x, s, norm, gated);
-    case 4: return launch_gemv<Bits, 4>(targets, count, x, s, norm, gated);
-    case 5: return launch_gemv<Bits, 5>(targets, count, x, s, norm, gated);
-    case 6: return launch_gemv<Bits, 6>(targets, count, x, s, norm, gated);
-    case 7: return launch_gemv<Bits, 7>(targets, count, x, s, norm, gated);
-    case 8: return launch_gemv<Bits, 8>(targets, count, x, s, norm, gated);
+    case 1: return launch_gemv<Bits, 1>(targets, count, x, s, norm, gated, shift);
+    case 2: return launch_gemv<Bits, 2>(targets, count, x, s, norm, gated, shift);
+    case 3: return launch_gemv<Bits, 3>(targets, count, x, s, norm, gated, shift);
+    case 4: return launch_gemv<Bits, 4>(targets, count, x, s, norm, gated, shift);
+    case 5: return launch_gemv<Bits, 5>(targets, count, x, s, norm, gated, shift);
+    case 6: return launch_gemv<Bits, 6>(targets, count, x, s, norm, gated, shift);
+    case 7: return launch_gemv<Bits, 7>(targets, count, x, s, norm, gated, shift);
+    case 8: return launch_gemv<Bits, 8>(targets, count, x, s, norm, gated, shift);
     default:
       throw std::invalid_argument("cuda::gemv: n = " + std::to_string(n) + " outside 1..8");
   }
@@ -478,8 +496,15 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 }  // namespace
 
 void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s,
-                const NormPrologue& norm, const GatedNormPrologue& gated) {
+                const NormPrologue& norm, const GatedNormPrologue& gated,
+                const WindowShift& shift) {
   if (n <= 0 || count <= 0) return;
+  if (shift.window != nullptr &&
+      (shift.mixed == nullptr || shift.channels <= 0 || shift.conv_kernel < 2 || shift.conv_kernel > 8)) {
+    throw std::invalid_argument(
+        "cuda::gemv_batch: a window shift needs its token's inputs, channels > 0 and a conv "
+        "kernel of 2..8");
+  }
   if (gated.z != nullptr &&
       (n > 2 || norm.residual != nullptr || gated.gain == nullptr || gated.head_dim <= 0 ||
        gated.head_dim % 4 != 0 || gated.head_dim > 128 || targets[0].w.in % gated.head_dim != 0 ||
@@ -509,9 +534,9 @@ void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n,
     }
   }
   if (targets[0].w.bits == 4) {
-    gemv_bits<4>(targets, count, x, n, s, norm, gated);
+    gemv_bits<4>(targets, count, x, n, s, norm, gated, shift);
   } else if (targets[0].w.bits == 8) {
-    gemv_bits<8>(targets, count, x, n, s, norm, gated);
+    gemv_bits<8>(targets, count, x, n, s, norm, gated, shift);
   } else {
     throw std::invalid_argument("cuda::gemv: bits must be 4 or 8");
   }
