@@ -66,6 +66,16 @@ __device__ __forceinline__ void load_x(const float* p, bool vec, float (&x)[N]) 
   }
 }
 
+// (a & mask) | bits as one instruction. Written as PTX lop3: given an AND and an OR with two
+// constants, ptxas emitted two LOP3s per code (SASS LOP3 takes one immediate), which made the
+// code extraction half the instructions of the streamed lm_head and its busiest (ALU) pipe;
+// here one of the constants has to live in a register, and one LOP3 remains.
+__device__ __forceinline__ uint32_t and_or(uint32_t a, uint32_t mask, uint32_t bits) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xEA;" : "=r"(d) : "r"(a), "r"(mask), "r"(bits));  // (a&b)|c
+  return d;
+}
+
 // The codes of one word as exact floats, without an int->float conversion (I2F issues at a
 // quarter rate and would make the loop issue bound). OR-ing an integer m < 2^23 into the
 // mantissa of 2^23 gives the float 2^23 + m exactly. The code is left in place (m = q * 16^j
@@ -83,8 +93,8 @@ __device__ __forceinline__ void decode_word(uint32_t word, float (&q)[32 / Bits]
   for (int j = 0; j < kHalf; ++j) {
     const float inv = 1.0f / static_cast<float>(1u << (Bits * j));  // exact power of two
     const uint32_t mask = kMask << (Bits * j);
-    q[j] = fmaf(__uint_as_float((word & mask) | kMagic), inv, -kTwo23 * inv);
-    q[j + kHalf] = fmaf(__uint_as_float((hi & mask) | kMagic), inv, -kTwo23 * inv);
+    q[j] = fmaf(__uint_as_float(and_or(word, mask, kMagic)), inv, -kTwo23 * inv);
+    q[j + kHalf] = fmaf(__uint_as_float(and_or(hi, mask, kMagic)), inv, -kTwo23 * inv);
   }
 }
 
