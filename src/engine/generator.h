@@ -29,8 +29,10 @@ struct GenerationResult {
   std::string finish_reason;    // "stop", "length" or "cancelled"
   // Generated tokens fed into the state, as Lily counts them (lily-reference §8.3): a stop at
   // token i >= 1 feeds tokens 0..i (the overshoot step fed the stop token); ending on the length
-  // limit does not feed the last token; a stop on token 0 or max_tokens = 1 feeds none. The
-  // state then holds prompt + tokens[0, fed).
+  // limit does not feed the last token; a stop on token 0 or max_tokens = 1 feeds none. A
+  // cancel at token i >= 1 leaves tokens 0..i fed when decode was pipelined (the step after it
+  // was already submitted) and 0..i-1 when it ran step by step (top_logits). The state then
+  // holds prompt + tokens[0, fed).
   int64_t fed = 0;
   // Prompt tokens left unfed because prefill was cancelled (0 otherwise): the state holds
   // prompt[0, size - prompt_unfed) and no generated token.
@@ -40,7 +42,10 @@ struct GenerationResult {
   double decode_seconds = 0;   // the decode steps after it
 };
 
-// Prefills `prompt` on top of the state (which may already hold a prefix) and decodes greedily.
+// Prefills `prompt` on top of the state (which may already hold a prefix) and decodes greedily:
+// pipelined two steps deep (Qwen36Model::submit_decode) unless top_logits asks for every
+// step's logits, then step by step. Both give the same tokens and the same fed count (but for
+// a cancel, see GenerationResult::fed).
 GenerationResult generate_greedy(Qwen36Model& model, DecodeState& state,
                                  std::span<const int32_t> prompt, const GenerationOptions& options);
 

@@ -82,6 +82,16 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_byte
   }
 }
 
+// An attribute of the current device, e.g. cudaDevAttrMultiProcessorCount (callers cache it:
+// the backend only ever uses device 0).
+inline int device_attribute(cudaDeviceAttr attribute) {
+  int device = 0;
+  int value = 0;
+  LILY_CUDA_CHECK(cudaGetDevice(&device));
+  LILY_CUDA_CHECK(cudaDeviceGetAttribute(&value, attribute, device));
+  return value;
+}
+
 inline constexpr int kGroupSize = 64;  // MLX affine group size, the only one the model uses
 
 // Whether p may be read and written as float4 / uint4 (nullptr counts as aligned).

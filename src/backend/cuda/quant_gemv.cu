@@ -276,13 +276,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
 }
 
 int sm_count() {
-  static const int count = [] {
-    int device = 0;
-    int sms = 0;
-    LILY_CUDA_CHECK(cudaGetDevice(&device));
-    LILY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    return sms;
-  }();
+  static const int count = device_attribute(cudaDevAttrMultiProcessorCount);
   return count;
 }
 

@@ -211,24 +211,12 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
 }
 
 int device_major() {
-  static const int major = [] {
-    int device = 0;
-    int value = 0;
-    LILY_CUDA_CHECK(cudaGetDevice(&device));
-    LILY_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrComputeCapabilityMajor, device));
-    return value;
-  }();
+  static const int major = device_attribute(cudaDevAttrComputeCapabilityMajor);
   return major;
 }
 
 int sm_count_here() {
-  static const int count = [] {
-    int device = 0;
-    int value = 0;
-    LILY_CUDA_CHECK(cudaGetDevice(&device));
-    LILY_CUDA_CHECK(cudaDeviceGetAttribute(&value, cudaDevAttrMultiProcessorCount, device));
-    return value;
-  }();
+  static const int count = device_attribute(cudaDevAttrMultiProcessorCount);
   return count;
 }
 
