@@ -43,14 +43,13 @@ struct TileLayout {
   static_assert(kCodeRowBytes % 16 == 0 && kGroupRowBytes % 16 == 0, "bulk copies move 16-byte units");
 };
 
-__device__ __forceinline__ uint32_t shared_address(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // The mbarrier and bulk-copy instructions exist from sm_90 on; the host only launches this
 // kernel there (stream_gemv_applies), and other targets compile the kernel with an empty body.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #define LILY_STREAM_GEMV 1
+__device__ __forceinline__ uint32_t shared_address(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
 __device__ __forceinline__ void mbar_init(uint64_t* bar, unsigned count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(shared_address(bar)), "r"(count)
                : "memory");
