@@ -85,7 +85,6 @@ class Backend {
   // synchronize() to wait for it). Uses the whole device (all threads / SMs): `lily bench`
   // measures copy bandwidth with it.
   virtual void copy(const float* src, size_t count, float* dst) = 0;
-  virtual void copy_i32(const int32_t* src, size_t count, int32_t* dst) = 0;
   // *value += delta, in op order (a decode step advances its device position with it).
   virtual void add_i32(int32_t* value, int32_t delta) = 0;
 

@@ -36,7 +36,7 @@ class Qwen36Model {
   void logits_to_host(std::vector<float>& out);
   int32_t next_token_to_host();
 
-  // Depth-2 pipelined decode, the way `lily bench` drives the model: a step feeds the token the
+  // Depth-2 pipelined decode, the way `lily bench` and the generator drive the model: a step feeds the token the
   // submit just before it produced, which stays in backend memory (ids_[0]), so the host does
   // not have to read it first; each submit also starts an asynchronous copy of its token into
   // host slot `to_slot` (0 or 1), read with wait_token. submit_decode's from_slot must be the

@@ -80,9 +80,6 @@ void CpuBackend::copy(const float* src, size_t count, float* dst) {
     if (from < to) std::copy(src + from, src + to, dst + from);
   });
 }
-void CpuBackend::copy_i32(const int32_t* src, size_t count, int32_t* dst) {
-  std::copy(src, src + count, dst);
-}
 
 namespace {
 

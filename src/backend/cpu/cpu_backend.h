@@ -27,7 +27,6 @@ class CpuBackend : public Backend {
   void copy_from_host(const float* host_src, size_t count, float* dst) override;
   void copy_to_host_i32(const int32_t* src, size_t count, int32_t* host_dst) override;
   void copy(const float* src, size_t count, float* dst) override;
-  void copy_i32(const int32_t* src, size_t count, int32_t* dst) override;
   void add_i32(int32_t* value, int32_t delta) override { *value += delta; }
   // Ops run on submit, so a read is done when it is enqueued.
   void read_async(const int32_t* src, int slot) override;

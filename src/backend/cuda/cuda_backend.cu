@@ -235,9 +235,6 @@ void CudaBackend::copy_from_host(const float* host_src, size_t count, float* dst
 void CudaBackend::copy(const float* src, size_t count, float* dst) {
   LILY_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * 4, cudaMemcpyDeviceToDevice, stream_));
 }
-void CudaBackend::copy_i32(const int32_t* src, size_t count, int32_t* dst) {
-  LILY_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * 4, cudaMemcpyDeviceToDevice, stream_));
-}
 void CudaBackend::add_i32(int32_t* value, int32_t delta) {
   cuda::launch(add_i32_kernel, 1, 1, 0, stream_, value, delta);
 }

@@ -53,7 +53,6 @@ class CudaBackend final : public Backend {
   void copy_from_host(const float* host_src, size_t count, float* dst) override;
   void copy_to_host_i32(const int32_t* src, size_t count, int32_t* host_dst) override;
   void copy(const float* src, size_t count, float* dst) override;
-  void copy_i32(const int32_t* src, size_t count, int32_t* dst) override;
   void add_i32(int32_t* value, int32_t delta) override;
   void read_async(const int32_t* src, int slot) override;
   int32_t wait_read(int slot) override;
