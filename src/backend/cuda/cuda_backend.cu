@@ -23,6 +23,13 @@ void set_pdl_enabled(bool on) { g_pdl.store(on, std::memory_order_relaxed); }
 
 namespace {
 
+// Whether environment variable `name` is set to exactly `value` (the backend's LILY_CUDA_*
+// switches, read once at construction).
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v != nullptr && std::string(v) == value;
+}
+
 // Contract violations are programming errors of the caller: reject, never fall back.
 void require(bool ok, const char* op, const std::string& what) {
   if (!ok) throw std::invalid_argument(std::string("cuda ") + op + ": " + what);
@@ -158,12 +165,11 @@ CudaBackend::CudaBackend() {
   device_name_ = prop.name;
   // Programmatic dependent launch needs compute capability 9.0; LILY_CUDA_PDL=0 turns it off
   // to measure what it buys.
-  const char* pdl = std::getenv("LILY_CUDA_PDL");
-  cuda::set_pdl_enabled(prop.major >= 9 && !(pdl != nullptr && std::string(pdl) == "0"));
-  const char* fused_norm = std::getenv("LILY_CUDA_FUSED_NORM");
-  fused_norm_ = fused_norm != nullptr && std::string(fused_norm) == "1";
-  const char* fused_conv = std::getenv("LILY_CUDA_FUSED_CONV");
-  fused_conv_ = !(fused_conv != nullptr && std::string(fused_conv) == "0");
+  cuda::set_pdl_enabled(prop.major >= 9 && !env_is("LILY_CUDA_PDL", "0"));
+  // The lm_head's bulk copies need 9.0; LILY_CUDA_STREAM_GEMV=0 keeps the generic GEMV.
+  cuda::set_stream_gemv_enabled(prop.major >= 9 && !env_is("LILY_CUDA_STREAM_GEMV", "0"));
+  fused_norm_ = env_is("LILY_CUDA_FUSED_NORM", "1");
+  fused_conv_ = !env_is("LILY_CUDA_FUSED_CONV", "0");
   LILY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
   workspace_ = std::make_unique<CudaWorkspace>(stream_);
   LILY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_reads_), 2 * sizeof(int32_t),

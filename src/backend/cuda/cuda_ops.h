@@ -71,9 +71,11 @@ void gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x,
 
 // ---- stream_gemv.cu (gemv of one token over a tall Q4 matrix: lm_head) ------------------
 // gemv routes here when stream_gemv_applies: n == 1, Q4, in of 1024 or 2048, at least
-// kStreamGemvMinRows rows, 16-byte aligned buffers, compute capability 9.0 (bulk copies).
+// kStreamGemvMinRows rows, 16-byte aligned buffers, and the kernel enabled (CudaBackend does on
+// compute capability 9.0, for the bulk copies, unless LILY_CUDA_STREAM_GEMV=0).
 // Same contract and bit-identical results; persistent blocks keep tiles of rows in flight.
 inline constexpr int64_t kStreamGemvMinRows = 32768;
+void set_stream_gemv_enabled(bool on);
 bool stream_gemv_applies(const QuantMatrix& w, int64_t rows, const float* x, int64_t n);
 void stream_gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, float* y,
                  cudaStream_t s);

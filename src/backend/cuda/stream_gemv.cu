@@ -1,6 +1,6 @@
 // The one-token GEMV of a tall Q4 matrix (lm_head, 248,320 x 2048) streamed through shared memory with bulk copies.
+#include <atomic>
 #include <cstdint>
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -209,11 +209,6 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
 #endif
 }
 
-int device_major() {
-  static const int major = device_attribute(cudaDevAttrComputeCapabilityMajor);
-  return major;
-}
-
 int sm_count_here() {
   static const int count = device_attribute(cudaDevAttrMultiProcessorCount);
   return count;
@@ -236,21 +231,16 @@ void launch_stream(const QuantMatrix& w, int64_t row_begin, int64_t rows, const 
          s, w, row_begin, rows, x, y);
 }
 
-// LILY_CUDA_STREAM_GEMV=0 keeps every GEMV on the generic kernel (to measure what this buys).
-bool stream_gemv_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("LILY_CUDA_STREAM_GEMV");
-    return v == nullptr || std::string(v) != "0";
-  }();
-  return on;
-}
+std::atomic<bool> g_stream_gemv{false};
 
 }  // namespace
 
+void set_stream_gemv_enabled(bool on) { g_stream_gemv.store(on, std::memory_order_relaxed); }
+
 bool stream_gemv_applies(const QuantMatrix& w, int64_t rows, const float* x, int64_t n) {
-  return stream_gemv_enabled() && n == 1 && w.bits == 4 && (w.in == 1024 || w.in == 2048) && rows >= kStreamGemvMinRows &&
-         aligned16(x) && aligned16(w.codes) && aligned16(w.scales) && aligned16(w.biases) &&
-         device_major() >= 9;
+  return g_stream_gemv.load(std::memory_order_relaxed) && n == 1 && w.bits == 4 &&
+         (w.in == 1024 || w.in == 2048) && rows >= kStreamGemvMinRows && aligned16(x) &&
+         aligned16(w.codes) && aligned16(w.scales) && aligned16(w.biases);
 }
 
 void stream_gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, float* y,
@@ -259,7 +249,7 @@ void stream_gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const fl
     throw std::invalid_argument(
         "cuda::stream_gemv: needs one token, Q4 rows of 1024 or 2048 values, at least " +
         std::to_string(kStreamGemvMinRows) + " rows inside the matrix, 16-byte aligned buffers "
-        "and compute capability 9.0");
+        "and the kernel enabled (compute capability 9.0, not LILY_CUDA_STREAM_GEMV=0)");
   }
   if (w.in == 1024) {
     launch_stream<1>(w, row_begin, rows, x, y, s);
