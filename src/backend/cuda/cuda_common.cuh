@@ -92,6 +92,12 @@ inline int device_attribute(cudaDeviceAttr attribute) {
   return value;
 }
 
+// The current device's SM count, queried once (the launchers size grids by it).
+inline int sm_count() {
+  static const int count = device_attribute(cudaDevAttrMultiProcessorCount);
+  return count;
+}
+
 inline constexpr int kGroupSize = 64;  // MLX affine group size, the only one the model uses
 
 // Whether p may be read and written as float4 / uint4 (nullptr counts as aligned).

@@ -275,11 +275,6 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
   }
 }
 
-int sm_count() {
-  static const int count = device_attribute(cudaDevAttrMultiProcessorCount);
-  return count;
-}
-
 template <int Bits, int NT, int kRows>
 void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, cudaStream_t s,
                       const NormPrologue& norm, const GatedNormPrologue& gated,

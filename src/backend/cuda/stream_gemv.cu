@@ -209,11 +209,6 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
 #endif
 }
 
-int sm_count_here() {
-  static const int count = device_attribute(cudaDevAttrMultiProcessorCount);
-  return count;
-}
-
 template <int kChunksPerLane>
 void launch_stream(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, float* y,
                    cudaStream_t s) {
@@ -226,7 +221,7 @@ void launch_stream(const QuantMatrix& w, int64_t row_begin, int64_t rows, const 
   }();
   (void)configured;
   const int64_t tiles = (rows + kTileRows - 1) / kTileRows;
-  const int64_t blocks = tiles < sm_count_here() ? tiles : sm_count_here();
+  const int64_t blocks = tiles < sm_count() ? tiles : sm_count();
   launch(stream_gemv_kernel<kChunksPerLane>, static_cast<unsigned>(blocks), kStreamThreads, kBytes,
          s, w, row_begin, rows, x, y);
 }
