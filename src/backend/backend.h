@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 
+#include "backend/sampling.h"
 #include "checkpoint/weights.h"
 
 namespace lily {
@@ -222,6 +223,28 @@ class Backend {
 
   // out[t] = index of the largest logit (lowest index on ties).  logits [n, V]; out [n]
   virtual void argmax(const float* logits, int64_t n, int64_t vocab, int32_t* out) = 0;
+
+  // One token drawn from one row of logits by the stages of SamplerParams (sampling.h, in
+  // that order), reading the parameters, counts, prompt_seen and step from `sampler`; then
+  // counts[token] += 1 and step += 1, and *token_out = the token.   logits [vocab] f32
+  // (left unchanged); token_out [1] i32. Deterministic: the same logits, buffers and step give
+  // the same token on every run of a build (and, but for float rounding at a boundary, on
+  // every backend).
+  virtual void sample(const float* logits, int64_t vocab, const SamplerBuffers& sampler,
+                      int32_t* token_out);  // TEMP default: throws (sampler in progress)
+
+  // The log-probabilities of one step for the API's logprobs (TokenRecordLayout): log_softmax
+  // of the raw logits at *token, and the n = top_logprobs (from sampler.params, 0..20) largest
+  // logits' ids and log-probabilities.    logits [vocab] f32; token [1] i32 < vocab;
+  // record [TokenRecordLayout::kWords] i32.
+  virtual void token_logprobs(const float* logits, int64_t vocab, const int32_t* token,
+                              const SamplerBuffers& sampler, int32_t* record);  // TEMP default: throws
+
+  // Asynchronous delivery of `count` i32 (at most TokenRecordLayout::kWords) to host slot
+  // `slot` (0 or 1), like read_async; wait_read_words blocks until that copy is done and
+  // returns the slot's words (valid until the slot is used again).
+  virtual void read_words_async(const int32_t* src, int64_t count, int slot);  // TEMP
+  virtual const int32_t* wait_read_words(int slot);  // TEMP
 };
 
 // The CPU backend (src/backend/cpu). threads = 0: all cores.
