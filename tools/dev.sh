@@ -31,7 +31,7 @@ install_deps() {
 
 build() {
   echo "== building in $build_dir"
-  cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+  cmake -S "$root" -B "$build_dir" -DCMAKE_BUILD_TYPE=Release >/dev/null
   cmake --build "$build_dir" -j"$jobs"
 }
 

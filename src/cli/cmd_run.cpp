@@ -91,7 +91,7 @@ int cmd_run(const std::vector<std::string>& argv) {
       options.stop_tokens.insert(static_cast<int32_t>(id));
     }
   }
-  const GenerationResult result = generate_greedy(model, state, prompt, options);
+  const GenerationResult result = generate(model, state, prompt, options);
 
   std::vector<uint32_t> token_ids(result.tokens.begin(), result.tokens.end());
   Json out = {{"prompt_ids", prompt}, {"tokens", result.tokens},

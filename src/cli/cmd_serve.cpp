@@ -27,6 +27,7 @@
 #include "server/http_server.h"
 #include "core/load_progress.h"
 #include "server/request_log.h"
+#include "server/sampling_config.h"
 #include "text/stop_tokens.h"
 #include "text/tokenizer.h"
 
@@ -79,6 +80,17 @@ int cmd_serve(const std::vector<std::string>& argv) {
       {"api-key", true, "require Authorization: Bearer KEY (default: $LILY_API_KEY)"},
       {"no-auth", false, "serve a non-loopback address without an API key"},
       {"read-timeout", true, "seconds a client has to send a whole request (default 30)"},
+      {"strict", false, "Lily's contract exactly: no streaming, greedy only, unknown fields refused"},
+      {"sampling-defaults", true,
+       "greedy (default) or checkpoint: the checkpoint's generation_config.json fills the sampling "
+       "fields a request leaves out"},
+      {"temperature", true, "default temperature for requests that set none, [0, 2]"},
+      {"top-p", true, "default top_p, (0, 1]"},
+      {"top-k", true, "default top_k, >= 0 (0: off)"},
+      {"min-p", true, "default min_p, [0, 1]"},
+      {"presence-penalty", true, "default presence_penalty, [-2, 2]"},
+      {"frequency-penalty", true, "default frequency_penalty, [-2, 2]"},
+      {"repetition-penalty", true, "default repetition_penalty, (0, 2]"},
   };
   const Args args(argv, spec);
   check_device_option(args);
@@ -95,8 +107,37 @@ int cmd_serve(const std::vector<std::string>& argv) {
   if (!model_dir) model_dir = env("LILY_MODEL");
   const bool demo = !model_dir.has_value();
 
+  const bool strict = args.has("strict");
+  const std::string defaults_source = args.get("sampling-defaults").value_or("greedy");
+  if (defaults_source != "greedy" && defaults_source != "checkpoint") {
+    throw InputError("--sampling-defaults must be greedy or checkpoint, found \"" +
+                     defaults_source + "\"");
+  }
+  // Explicit flags; the checkpoint's values (read once the model directory is known) fill
+  // only what these leave out.
+  SamplingDefaults flag_defaults;
+  auto number_flag = [&args](const char* name, double min, double max) -> std::optional<double> {
+    const std::optional<std::string> text = args.get(name);
+    if (!text) return std::nullopt;
+    return parse_sampling_flag(name, *text, min, max);
+  };
+  flag_defaults.temperature = number_flag("temperature", 0, 2);
+  flag_defaults.top_p = number_flag("top-p", 1e-9, 1);
+  flag_defaults.min_p = number_flag("min-p", 0, 1);
+  flag_defaults.presence_penalty = number_flag("presence-penalty", -2, 2);
+  flag_defaults.frequency_penalty = number_flag("frequency-penalty", -2, 2);
+  flag_defaults.repetition_penalty = number_flag("repetition-penalty", 1e-9, 2);
+  if (args.has("top-k")) {
+    flag_defaults.top_k = static_cast<int64_t>(args.uint_or("top-k", 0, 0, 1u << 30));
+  }
+  if (strict && (flag_defaults.any() || defaults_source != "greedy")) {
+    throw InputError("--strict decodes greedily (Lily's contract); it cannot be combined with "
+                     "--sampling-defaults checkpoint or a sampling flag");
+  }
+
   ApiConfig config;
   config.api_key = api_key;
+  config.limits.mode = strict ? ApiMode::strict : ApiMode::openai;
   ApiHandler handler(config);
   HttpLimits limits;
   limits.read_timeout = std::chrono::seconds(read_timeout);
@@ -106,10 +147,13 @@ int cmd_serve(const std::vector<std::string>& argv) {
   server.bind(bind_address);
   const auto endpoint = server.local_endpoint();
   check_auth_configuration(endpoint.address().is_loopback(), api_key, no_auth, bind_address);
-  const std::string url = "http://" + (endpoint.address().is_v6()
-                                           ? "[" + endpoint.address().to_string() + "]"
-                                           : endpoint.address().to_string()) +
-                          ":" + std::to_string(endpoint.port());
+  // Appended piece by piece: GCC 12 at -O2/-O3 raises a false -Wrestrict on
+  // `"literal" + std::string&&` (the inlined insert at position 0).
+  const std::string host = endpoint.address().to_string();
+  std::string url = "http://";
+  url += endpoint.address().is_v6() ? "[" + host + "]" : host;
+  url += ':';
+  url += std::to_string(endpoint.port());
 
   std::signal(SIGPIPE, SIG_IGN);
   StopRequest stop;
@@ -159,21 +203,34 @@ int cmd_serve(const std::vector<std::string>& argv) {
   const Tokenizer tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");
   const std::string tokenizer_config_path = dir + "/tokenizer_config.json";
   const Json tokenizer_config = read_strict_json_file(tokenizer_config_path, 16u << 20, 64);
+  SamplingDefaults defaults = flag_defaults;
+  if (defaults_source == "checkpoint") {
+    const SamplingDefaults file = read_generation_config(dir + "/generation_config.json");
+    if (!defaults.temperature) defaults.temperature = file.temperature;
+    if (!defaults.top_p) defaults.top_p = file.top_p;
+    if (!defaults.top_k) defaults.top_k = file.top_k;
+    if (!defaults.min_p) defaults.min_p = file.min_p;
+    if (!defaults.repetition_penalty) defaults.repetition_penalty = file.repetition_penalty;
+  }
   ServingModel serving;
+  serving.sampling_defaults = defaults;
   for (uint32_t id : stop_token_ids(tokenizer, tokenizer_config, checkpoint->config.eos_token_ids,
                                     tokenizer_config_path)) {
     serving.stop_tokens.insert(static_cast<int32_t>(id));
   }
   SessionCache cache(*backend, checkpoint->config.shape, static_cast<int64_t>(max_seq));
-  Engine engine(model, cache, queue);
+  Engine engine(model, cache, queue, &tokenizer);
   serving.tokenizer = &tokenizer;
   serving.engine = &engine;
   serving.max_seq = max_seq;
   handler.set_ready(std::move(serving));
-  std::fprintf(stderr, "serving %s on %s (%s backend, %d threads, max_seq %llu, queue %llu)\n",
+  std::fprintf(stderr,
+               "serving %s on %s (%s backend, %d threads, max_seq %llu, queue %llu, %s API, "
+               "sampling defaults: %s)\n",
                std::string(kServedModelId).c_str(), url.c_str(), backend->name().c_str(),
                backend->threads(), static_cast<unsigned long long>(max_seq),
-               static_cast<unsigned long long>(queue));
+               static_cast<unsigned long long>(queue), strict ? "strict" : "openai",
+               defaults.describe().c_str());
   if (demo) std::fputs(demo_banner(dir).c_str(), stderr);
 
   stop.wait();

@@ -1,6 +1,7 @@
 // The engine loop: bounded FIFO queue, one inference thread, session-cache leases, cancellation.
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <exception>
 #include <span>
 #include <utility>
@@ -23,8 +24,16 @@ bool is_cancelled(const EngineRequest& request) {
 
 }  // namespace
 
-Engine::Engine(Qwen36Model& model, SessionCache& cache, size_t queue_capacity)
-    : model_(model), cache_(cache), capacity_(queue_capacity) {
+Engine::Engine(Qwen36Model& model, SessionCache& cache, size_t queue_capacity,
+               const Tokenizer* tokenizer)
+    : model_(model), cache_(cache), tokenizer_(tokenizer), capacity_(queue_capacity) {
+  const auto vocab = static_cast<size_t>(model_.shape().vocab_size);
+  Backend& backend = model_.backend();
+  sampler_.params = backend.alloc_i32(static_cast<size_t>(kSamplerParamWords));
+  sampler_.counts = backend.alloc_i32(vocab);
+  sampler_.prompt_seen = backend.alloc_i32(vocab);
+  sampler_.step = backend.alloc_i32(1);
+  host_prompt_seen_.assign(vocab, 0);
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -102,12 +111,35 @@ void Engine::finish(Job& job, EngineResult result) {
   }
 }
 
+void Engine::upload_sampler(const SequenceConfig& config, std::span<const int32_t> prompt) {
+  Backend& backend = model_.backend();
+  SamplerParams params;
+  if (config.sampling) params = *config.sampling;
+  params.top_logprobs = config.top_logprobs;
+  backend.copy_from_host(reinterpret_cast<const int32_t*>(&params),
+                         static_cast<size_t>(kSamplerParamWords), sampler_.params);
+  if (!config.sampling) return;  // logprobs only: the argmax reads nothing else
+  const size_t vocab = host_prompt_seen_.size();
+  std::fill(host_prompt_seen_.begin(), host_prompt_seen_.end(), 0);
+  backend.copy_from_host(host_prompt_seen_.data(), vocab, sampler_.counts);
+  const int32_t zero = 0;
+  backend.copy_from_host(&zero, 1, sampler_.step);
+  for (int32_t id : prompt) {
+    if (id >= 0 && static_cast<size_t>(id) < vocab) host_prompt_seen_[static_cast<size_t>(id)] = 1;
+  }
+  backend.copy_from_host(host_prompt_seen_.data(), vocab, sampler_.prompt_seen);
+}
+
 EngineResult Engine::run(const EngineRequest& request) {
   const auto prompt_size = static_cast<int64_t>(request.prompt.size());
+  const int64_t max_tokens = request.sequence.max_tokens;
   if (request.prompt.empty()) return error_result(request, "invalid request: empty prompt");
-  if (request.max_tokens < 1) return error_result(request, "invalid request: max_tokens < 1");
-  if (prompt_size + request.max_tokens + 1 > cache_.max_seq()) {
+  if (max_tokens < 1) return error_result(request, "invalid request: max_tokens < 1");
+  if (prompt_size + max_tokens + 1 > cache_.max_seq()) {
     return error_result(request, "invalid request: prompt + max_tokens exceeds max_seq");
+  }
+  if (tokenizer_ == nullptr && !request.sequence.stop_strings.empty()) {
+    return error_result(request, "invalid request: stop strings without a tokenizer");
   }
 
   EngineResult result;
@@ -121,22 +153,47 @@ EngineResult Engine::run(const EngineRequest& request) {
   SessionLease lease;
   try {
     lease = cache_.acquire(prompt, request.prompt_cache_key);
+    Sequence sequence(tokenizer_, request.sequence);
     GenerationOptions options;
-    options.max_tokens = request.max_tokens;
-    options.stop_tokens = request.stop_tokens;
-    options.on_token = [&request](int32_t token) {
+    options.max_tokens = max_tokens;
+    options.stop_tokens = request.sequence.stop_tokens;
+    if (request.sequence.sampling || sequence.wants_logprobs()) {
+      upload_sampler(request.sequence, prompt);
+    }
+    if (request.sequence.sampling) options.choice.sampler = &sampler_;
+    options.choice.logprobs = sequence.wants_logprobs();
+    options.choice.logprob_params = &sampler_;
+    auto emit = [&request, &sequence, &result] {
+      SequenceDelta delta = sequence.take_delta();
+      if (delta.text.empty() && delta.logprobs.empty()) return;
+      result.logprobs.insert(result.logprobs.end(), delta.logprobs.begin(), delta.logprobs.end());
+      if (request.on_delta) request.on_delta(std::move(delta));
+    };
+    // The sequence decides the stop token, stop strings and length; the generator's own
+    // checks agree with it on the first two and on max_tokens.
+    options.on_token = [&](int32_t token, const int32_t* record) {
       if (request.on_token) request.on_token(token);
-      return !is_cancelled(request);
+      const bool more = sequence.accept(token, record);
+      if (is_cancelled(request)) {
+        sequence.cancel();
+        return TokenAction::cancel;
+      }
+      emit();
+      if (!more && sequence.end() == SequenceEnd::stop_string) return TokenAction::stop;
+      return TokenAction::proceed;
     };
     options.cancel_prefill = [&request] { return is_cancelled(request); };
     const int64_t cached = lease.cached_tokens();
-    GenerationResult generated = generate_greedy(
+    GenerationResult generated = generate(
         model_, lease.state(), prompt.subspan(static_cast<size_t>(cached)), options);
     cache_.release(lease, SessionCache::consumed_tokens(prompt, generated));
+    sequence.set_fed(generated.fed);
+    if (generated.finish_reason == "cancelled") sequence.cancel();
     result.cached_tokens = cached;
     result.completion_tokens = static_cast<int64_t>(generated.tokens.size());
     result.tokens = std::move(generated.tokens);
     result.finish_reason = std::move(generated.finish_reason);
+    result.text = sequence.text();
     result.prefill_seconds = generated.prefill_seconds;
     result.decode_seconds = generated.decode_seconds;
     return result;

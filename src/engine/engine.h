@@ -11,11 +11,13 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <unordered_set>
 #include <vector>
 
+#include "engine/sequence.h"
 #include "engine/session_cache.h"
 #include "model/qwen36_model.h"
 
@@ -27,13 +29,18 @@ struct EngineResult;
 // disconnects: a queued request is then skipped, a running one stops within one decode step.
 struct EngineRequest {
   std::vector<int32_t> prompt;  // token ids, non-empty
-  int64_t max_tokens = 128;     // >= 1; prompt + max_tokens + 1 must fit the cache's max_seq
-  std::unordered_set<int32_t> stop_tokens;
+  // max_tokens (>= 1; prompt + max_tokens + 1 must fit the cache's max_seq), stop tokens and
+  // strings, sampling, logprobs. Stop strings need the engine's tokenizer.
+  SequenceConfig sequence;
   std::optional<std::string> prompt_cache_key;
   std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
-  // Optional, called on the inference thread after each generated token (e.g. for streaming),
-  // before the cancellation flag is checked. Must not throw.
+  // Optional, called on the inference thread after each generated token, before the
+  // cancellation flag is checked. Must not throw.
   std::function<void(int32_t)> on_token;
+  // Optional (streaming), called on the inference thread whenever the sequence released text
+  // or logprob entries, in order; the last call comes before on_complete. Must be cheap (hand
+  // the delta to another thread) and must not throw.
+  std::function<void(SequenceDelta)> on_delta;
   // Optional. When set, the result is handed to this callback instead of Submission::result
   // (which is then not valid): on the inference thread, or on the thread calling shutdown()
   // for requests still queued then. Lets an asynchronous caller resume without blocking a
@@ -44,6 +51,8 @@ struct EngineRequest {
 struct EngineResult {
   std::vector<int32_t> tokens;  // includes the stop token when one ended generation
   std::string finish_reason;    // "stop", "length" or "cancelled" ("" on error)
+  std::string text;             // the released text (empty without a tokenizer)
+  std::vector<TokenLogprobs> logprobs;  // when the request asked for logprobs
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   int64_t cached_tokens = 0;  // reused prefix from the session cache
@@ -74,7 +83,9 @@ class Engine {
  public:
   static constexpr size_t kDefaultQueueCapacity = 16;
 
-  Engine(Qwen36Model& model, SessionCache& cache, size_t queue_capacity = kDefaultQueueCapacity);
+  // `tokenizer` (may be null: no text in results, stop strings refused) must outlive the engine.
+  Engine(Qwen36Model& model, SessionCache& cache, size_t queue_capacity = kDefaultQueueCapacity,
+         const Tokenizer* tokenizer = nullptr);
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
   ~Engine();  // shutdown()
@@ -98,10 +109,18 @@ class Engine {
 
   void loop();
   EngineResult run(const EngineRequest& request);
+  // Writes the request's SamplerParams (and, when it samples, zero counts and step and its
+  // prompt's ids into prompt_seen) into sampler_.
+  void upload_sampler(const SequenceConfig& config, std::span<const int32_t> prompt);
   static void finish(Job& job, EngineResult result);
 
   Qwen36Model& model_;
   SessionCache& cache_;
+  const Tokenizer* tokenizer_;
+  // The one running sequence's sampler state in backend memory (params, counts, prompt_seen,
+  // step), uploaded at the start of each request that samples or asks for logprobs.
+  SamplerBuffers sampler_;
+  std::vector<int32_t> host_prompt_seen_;  // [vocab] scratch for the upload
   size_t capacity_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;

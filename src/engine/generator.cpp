@@ -1,4 +1,4 @@
-// Greedy generation over a model and a session state, with Lily's fed-token accounting.
+// Generation over a model and a session state (argmax or sampled), with Lily's fed-token accounting.
 #include "engine/generator.h"
 
 #include <algorithm>
@@ -42,15 +42,21 @@ struct DecodeLoop {
     return std::move(result);
   }
   bool is_stop(int32_t token) const { return options.stop_tokens.count(token) != 0; }
-  // on_token sees every token, the stop token included; false cancels.
-  bool cancels(int32_t token) const { return options.on_token && !options.on_token(token); }
+  // on_token sees every token, the stop token included.
+  TokenAction act(int32_t token, const int32_t* record) const {
+    return options.on_token ? options.on_token(token, record) : TokenAction::proceed;
+  }
+  static const char* ended(TokenAction action) {
+    return action == TokenAction::stop ? "stop" : "cancelled";
+  }
 
   // One step at a time: feed the last token, read the next (and its logits, for top_logits).
   GenerationResult stepwise(const std::function<void(std::span<const int32_t>)>& step) {
     for (;;) {
       const int32_t last = result.tokens.back();
       const bool stop = is_stop(last);
-      const bool cancelled = cancels(last);
+      const TokenAction action = act(last, nullptr);
+      const bool cancelled = action != TokenAction::proceed;
       const auto produced = static_cast<int64_t>(result.tokens.size());
       if (stop) {
         // Lily's pipelined decode has already fed the stop token when it sees it (except on
@@ -59,7 +65,7 @@ struct DecodeLoop {
         model.forward(state, std::span<const int32_t>(&result.tokens.back(), 1));
         return finish("stop", produced);
       }
-      if (cancelled) return finish("cancelled", produced - 1);
+      if (cancelled) return finish(ended(action), produced - 1);
       if (produced >= options.max_tokens) return finish("length", produced - 1);
       step(std::span<const int32_t>(&result.tokens.back(), 1));
     }
@@ -68,37 +74,38 @@ struct DecodeLoop {
   // Depth-2 pipelining (lily-reference §8.3): the step that feeds token i is submitted before
   // token i is read (the device feeds it from its own memory), so the host reads each token
   // while the next step runs. Token 0 came from submit_prefill into slot 0.
-  GenerationResult pipelined() {
+  GenerationResult pipelined(const int32_t* first_record) {
+    const TokenChoice& choice = options.choice;
     const int32_t first_token = result.tokens.back();
     const bool stop0 = is_stop(first_token);
-    const bool cancelled0 = cancels(first_token);
+    const TokenAction action0 = act(first_token, first_record);
     if (stop0) return finish("stop", 0);
-    if (cancelled0) return finish("cancelled", 0);
+    if (action0 != TokenAction::proceed) return finish(ended(action0), 0);
     if (options.max_tokens <= 1) return finish("length", 0);
-    model.submit_decode(state, 0, 1);  // feeds token 0
-    int pending = 1;                   // the slot of the step whose token is read next
+    model.submit_decode(state, 0, 1, choice);  // feeds token 0
+    int pending = 1;                           // the slot of the step whose token is read next
     for (int64_t index = 1;; ++index) {
       const auto produced = index + 1;
       const bool more = produced < options.max_tokens;
       // Feeds token `index` before the host has seen it (unless it will be the last).
-      if (more) model.submit_decode(state, pending, 1 - pending);
+      if (more) model.submit_decode(state, pending, 1 - pending, choice);
       const int32_t token = model.wait_token(pending);
       result.tokens.push_back(token);
       const bool stop = is_stop(token);
-      const bool cancelled = cancels(token);
+      const TokenAction action = act(token, model.wait_record(pending));
       if (stop) {
         // The overshoot step fed the stop token; on the last allowed token, feed it now, as
         // every stop at token i >= 1 leaves it fed.
-        if (!more) model.submit_decode(state, pending, 1 - pending);
+        if (!more) model.submit_decode(state, pending, 1 - pending, choice);
         model.wait_token(1 - pending);
         return finish("stop", produced);
       }
-      if (cancelled) {
+      if (action != TokenAction::proceed) {
         // The step submitted ahead has fed this token already: it stays fed (the state
         // holds prompt + tokens[0, fed), which is all the session cache relies on).
-        if (!more) return finish("cancelled", produced - 1);
+        if (!more) return finish(ended(action), produced - 1);
         model.wait_token(1 - pending);
-        return finish("cancelled", produced);
+        return finish(ended(action), produced);
       }
       if (!more) return finish("length", produced - 1);
       pending = 1 - pending;
@@ -108,10 +115,13 @@ struct DecodeLoop {
 
 }  // namespace
 
-GenerationResult generate_greedy(Qwen36Model& model, DecodeState& state,
-                                 std::span<const int32_t> prompt, const GenerationOptions& options) {
-  if (prompt.empty()) throw std::invalid_argument("generate_greedy: empty prompt");
-  if (options.max_tokens < 0) throw std::invalid_argument("generate_greedy: negative max_tokens");
+GenerationResult generate(Qwen36Model& model, DecodeState& state, std::span<const int32_t> prompt,
+                          const GenerationOptions& options) {
+  if (prompt.empty()) throw std::invalid_argument("generate: empty prompt");
+  if (options.max_tokens < 0) throw std::invalid_argument("generate: negative max_tokens");
+  if (options.top_logits > 0 && (options.choice.sampler != nullptr || options.choice.logprobs)) {
+    throw std::invalid_argument("generate: top_logits runs step by step with the argmax only");
+  }
   GenerationResult result;
   if (options.max_tokens == 0) {
     result.finish_reason = "length";
@@ -147,7 +157,7 @@ GenerationResult generate_greedy(Qwen36Model& model, DecodeState& state,
     if (begin + count < prompt.size()) {
       model.forward(state, tokens);
     } else if (pipelined) {
-      model.submit_prefill(state, tokens, 0);
+      model.submit_prefill(state, tokens, 0, options.choice);
       result.tokens.push_back(model.wait_token(0));
     } else {
       step(tokens);
@@ -156,7 +166,7 @@ GenerationResult generate_greedy(Qwen36Model& model, DecodeState& state,
   const Clock::time_point first = Clock::now();
   result.prefill_seconds = std::chrono::duration<double>(first - start).count();
   DecodeLoop loop{model, state, options, result, first};
-  return pipelined ? loop.pipelined() : loop.stepwise(step);
+  return pipelined ? loop.pipelined(model.wait_record(0)) : loop.stepwise(step);
 }
 
 }  // namespace lily

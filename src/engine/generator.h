@@ -1,4 +1,4 @@
-// Greedy generation over a model and a session state, with Lily's fed-token accounting.
+// Generation over a model and a session state (argmax or sampled), with Lily's fed-token accounting.
 #pragma once
 
 #include <cstdint>
@@ -13,12 +13,18 @@
 
 namespace lily {
 
+// What on_token decides after a token: go on, end as "stop" (e.g. a stop string matched) or end
+// as "cancelled" (the client went away). Both endings leave the fed count of a cancel.
+enum class TokenAction { proceed, stop, cancel };
+
 struct GenerationOptions {
   int64_t max_tokens = 16;
   std::unordered_set<int32_t> stop_tokens;  // generation ends after emitting one of these
-  int top_logits = 0;                       // record the K largest logits of every step
-  // Called after each token; return false to cancel (finish_reason "cancelled").
-  std::function<bool(int32_t)> on_token;
+  int top_logits = 0;                       // record the K largest logits of every step (argmax only)
+  TokenChoice choice;                       // how tokens are chosen; default: argmax
+  // Called after each token with its record (TokenRecordLayout, when choice.logprobs; else
+  // nullptr), the stop token included. Absent: always proceed.
+  std::function<TokenAction(int32_t token, const int32_t* record)> on_token;
   // Checked before each prefill chunk (model.chunk() tokens); return true to cancel, so that a
   // long prompt stops within one chunk. The state then holds the chunks already fed.
   std::function<bool()> cancel_prefill;
@@ -27,7 +33,7 @@ struct GenerationOptions {
 struct GenerationResult {
   std::vector<int32_t> tokens;  // includes the stop token when one ended generation
   std::string finish_reason;    // "stop", "length" or "cancelled"
-  // Generated tokens fed into the state, as Lily counts them (lily-reference §8.3): a stop at
+  // Generated tokens fed into the state, as Lily counts them; on_token's stop counts as a cancel (lily-reference §8.3): a stop at
   // token i >= 1 feeds tokens 0..i (the overshoot step fed the stop token); ending on the length
   // limit does not feed the last token; a stop on token 0 or max_tokens = 1 feeds none. A
   // cancel at token i >= 1 leaves tokens 0..i fed when decode was pipelined (the step after it
@@ -42,12 +48,12 @@ struct GenerationResult {
   double decode_seconds = 0;   // the decode steps after it
 };
 
-// Prefills `prompt` on top of the state (which may already hold a prefix) and decodes greedily:
-// pipelined two steps deep (Qwen36Model::submit_decode) unless top_logits asks for every
-// step's logits, then step by step. Both give the same tokens and the same fed count (but for
-// a cancel, see GenerationResult::fed).
-GenerationResult generate_greedy(Qwen36Model& model, DecodeState& state,
-                                 std::span<const int32_t> prompt, const GenerationOptions& options);
+// Prefills `prompt` on top of the state (which may already hold a prefix) and decodes, each
+// token chosen by options.choice: pipelined two steps deep (Qwen36Model::submit_decode) unless
+// top_logits asks for every step's logits, then step by step (argmax only). Both give the same
+// tokens and the same fed count (but for a cancel, see GenerationResult::fed).
+GenerationResult generate(Qwen36Model& model, DecodeState& state, std::span<const int32_t> prompt,
+                          const GenerationOptions& options);
 
 // The K largest (id, logit) pairs, descending; ties by lower id.
 std::vector<std::pair<int32_t, float>> top_logits(const std::vector<float>& logits, int k);

@@ -60,7 +60,7 @@ class SessionLease {
 // tokens each); nothing is allocated afterwards except token vectors. Thread-safe.
 //
 //   SessionLease lease = cache.acquire(prompt, key);
-//   GenerationResult r = generate_greedy(model, lease.state(), prompt.subspan(lease.cached_tokens()), opts);
+//   GenerationResult r = generate(model, lease.state(), prompt.subspan(lease.cached_tokens()), opts);
 //   cache.release(lease, SessionCache::consumed_tokens(prompt, r));   // or cache.drop(lease) on error
 class SessionCache {
  public:
@@ -93,7 +93,7 @@ class SessionCache {
   void drop(SessionLease& lease);
 
   // prompt (less result.prompt_unfed at its end) + result.tokens[0, result.fed): what the
-  // state holds after generate_greedy.
+  // state holds after generate.
   static std::vector<int32_t> consumed_tokens(std::span<const int32_t> prompt,
                                               const GenerationResult& result);
 

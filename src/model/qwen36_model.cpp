@@ -49,9 +49,18 @@ Qwen36Model::Qwen36Model(const Checkpoint& checkpoint, Backend& backend, int64_t
   // The argmax lands in ids_[0], where the next decode step's embedding reads it: a pipelined
   // step needs no copy between steps (submit_decode).
   next_token_ = ids_;
+  record_ = backend_.alloc_i32(TokenRecordLayout::kWords);
 }
 
 void Qwen36Model::forward(DecodeState& state, std::span<const int32_t> tokens) {
+  forward(state, tokens, TokenChoice{});
+}
+
+void Qwen36Model::forward(DecodeState& state, std::span<const int32_t> tokens,
+                          const TokenChoice& choice) {
+  if (choice.logprobs && choice.logprob_params == nullptr) {
+    throw std::invalid_argument("forward: logprobs need logprob_params");
+  }
   if (tokens.empty()) throw std::invalid_argument("forward: no tokens");
   token_slot_ = -1;  // ids_ is about to be overwritten
   const auto count = static_cast<int64_t>(tokens.size());
@@ -68,20 +77,20 @@ void Qwen36Model::forward(DecodeState& state, std::span<const int32_t> tokens) {
   }
   for (int64_t begin = 0; begin < count; begin += chunk_) {
     const int64_t n = std::min(chunk_, count - begin);
-    run_chunk(state, tokens.data() + begin, n, begin + n == count);
+    run_chunk(state, tokens.data() + begin, n, begin + n == count, choice);
   }
 }
 
 void Qwen36Model::run_chunk(DecodeState& state, const int32_t* host_ids, int64_t n,
-                            bool last_chunk) {
+                            bool last_chunk, const TokenChoice& choice) {
   backend_.copy_from_host(host_ids, static_cast<size_t>(n), ids_);
   if (n == 1 && last_chunk) {
-    decode_step(state);
+    decode_step(state, choice);
     return;
   }
   layers_forward(state, SeqPos(state.position), n);
   state.position += n;
-  if (last_chunk) head(n);
+  if (last_chunk) head(n, choice);
 }
 
 void Qwen36Model::layers_forward(DecodeState& state, SeqPos pos, int64_t n) {
@@ -116,11 +125,31 @@ void Qwen36Model::project(std::span<const MatmulTarget> targets, int64_t n,
   }
 }
 
-void Qwen36Model::head(int64_t n) {
+void Qwen36Model::head(int64_t n, const TokenChoice& choice) {
   const auto H = static_cast<int64_t>(shape_.hidden_size);
-  backend_.matmul(weights_.lm_head, 0, static_cast<int64_t>(shape_.vocab_size),
-                  normed_ + (n - 1) * H, 1, logits_);
-  backend_.argmax(logits_, 1, static_cast<int64_t>(shape_.vocab_size), next_token_);
+  const auto V = static_cast<int64_t>(shape_.vocab_size);
+  backend_.matmul(weights_.lm_head, 0, V, normed_ + (n - 1) * H, 1, logits_);
+  if (choice.sampler != nullptr) {
+    backend_.sample(logits_, V, *choice.sampler, next_token_);
+  } else {
+    backend_.argmax(logits_, 1, V, next_token_);
+  }
+  if (choice.logprobs) backend_.token_logprobs(logits_, V, next_token_, *choice.logprob_params, record_);
+}
+
+void Qwen36Model::read_back(const TokenChoice& choice, int to_slot) {
+  if (choice.logprobs) {
+    backend_.read_words_async(record_, TokenRecordLayout::kWords, to_slot);
+  } else {
+    backend_.read_async(next_token_, to_slot);
+  }
+  slot_has_record_[to_slot] = choice.logprobs;
+  slot_record_[to_slot] = nullptr;
+}
+
+Qwen36Model::GraphKey Qwen36Model::graph_key(const DecodeState& state, const TokenChoice& choice) {
+  return {state.device_position, choice.sampler ? choice.sampler->params : nullptr,
+          choice.logprob_params ? choice.logprob_params->params : nullptr, choice.logprobs};
 }
 
 void Qwen36Model::sync_device_position(DecodeState& state) {
@@ -130,29 +159,29 @@ void Qwen36Model::sync_device_position(DecodeState& state) {
   state.device_position_value = state.position;
 }
 
-void Qwen36Model::decode_step_ops(DecodeState& state) {
+void Qwen36Model::decode_step_ops(DecodeState& state, const TokenChoice& choice) {
   layers_forward(state, SeqPos(state.position, state.device_position), 1);
-  head(1);
+  head(1, choice);
   backend_.add_i32(state.device_position, 1);
 }
 
-void Qwen36Model::decode_step(DecodeState& state) {
+void Qwen36Model::decode_step(DecodeState& state, const TokenChoice& choice) {
   if (state.position + 1 > state.capacity) {
     throw std::invalid_argument("decode: position " + std::to_string(state.position) +
                                 " is at the state capacity " + std::to_string(state.capacity));
   }
   sync_device_position(state);
-  const int32_t* key = state.device_position;
+  const GraphKey key = graph_key(state, choice);
   if (!backend_.can_capture()) {
-    decode_step_ops(state);
+    decode_step_ops(state, choice);
   } else if (auto it = graphs_.find(key); it != graphs_.end()) {
     backend_.replay(it->second);
   } else if (warmed_.count(key) == 0) {
-    decode_step_ops(state);  // eager: sizes the backend's scratch for this state
+    decode_step_ops(state, choice);  // eager: sizes the backend's scratch for this state
     warmed_.insert(key);
   } else {
     backend_.begin_capture();
-    decode_step_ops(state);
+    decode_step_ops(state, choice);
     const int graph = backend_.end_capture();
     graphs_.emplace(key, graph);
     backend_.replay(graph);
@@ -228,14 +257,16 @@ void check_slot(int slot) {
 }
 }  // namespace
 
-void Qwen36Model::submit_prefill(DecodeState& state, std::span<const int32_t> prompt, int to_slot) {
+void Qwen36Model::submit_prefill(DecodeState& state, std::span<const int32_t> prompt, int to_slot,
+                                 const TokenChoice& choice) {
   check_slot(to_slot);
-  forward(state, prompt);
-  backend_.read_async(next_token_, to_slot);
+  forward(state, prompt, choice);
+  read_back(choice, to_slot);
   token_slot_ = to_slot;
 }
 
-void Qwen36Model::submit_decode(DecodeState& state, int from_slot, int to_slot) {
+void Qwen36Model::submit_decode(DecodeState& state, int from_slot, int to_slot,
+                                const TokenChoice& choice) {
   check_slot(from_slot);
   check_slot(to_slot);
   // The token to feed is the last submit's argmax, still in ids_[0] (next_token_): in op
@@ -248,14 +279,24 @@ void Qwen36Model::submit_decode(DecodeState& state, int from_slot, int to_slot) 
                            "; -1: none since the last forward); a pipelined step feeds the "
                            "token of the submit just before it");
   }
-  decode_step(state);
-  backend_.read_async(next_token_, to_slot);
+  if (choice.logprobs && choice.logprob_params == nullptr) {
+    throw std::invalid_argument("submit_decode: logprobs need logprob_params");
+  }
+  decode_step(state, choice);
+  read_back(choice, to_slot);
   token_slot_ = to_slot;
 }
 
 int32_t Qwen36Model::wait_token(int slot) {
   check_slot(slot);
-  return backend_.wait_read(slot);
+  if (!slot_has_record_[slot]) return backend_.wait_read(slot);
+  slot_record_[slot] = backend_.wait_read_words(slot);
+  return slot_record_[slot][TokenRecordLayout::kToken];
+}
+
+const int32_t* Qwen36Model::wait_record(int slot) const {
+  check_slot(slot);
+  return slot_record_[slot];
 }
 
 }  // namespace lily

@@ -5,6 +5,7 @@
 #include <map>
 #include <set>
 #include <span>
+#include <tuple>
 #include <vector>
 
 #include "backend/backend.h"
@@ -12,6 +13,17 @@
 #include "model/decode_state.h"
 
 namespace lily {
+
+// How a step's token is chosen from its logits, and what the host reads back.
+struct TokenChoice {
+  // null: the argmax of the raw logits (Backend::argmax). Otherwise Backend::sample with these
+  // buffers (their params, counts and step, uploaded by the caller before the first token).
+  const SamplerBuffers* sampler = nullptr;
+  // Also compute the token's record (Backend::token_logprobs, top_logprobs from
+  // logprob_params->params) and read it back with the token. Needs logprob_params.
+  bool logprobs = false;
+  const SamplerBuffers* logprob_params = nullptr;
+};
 
 // Runs prompts (prefill, in chunks) and single decode steps over a DecodeState. Scratch is
 // sized once for `chunk` tokens at construction; forward() allocates nothing.
@@ -29,6 +41,8 @@ class Qwen36Model {
   // token in logits() and the argmax in next_token(). Throws std::invalid_argument if the
   // tokens do not fit the state's capacity or an id is out of range.
   void forward(DecodeState& state, std::span<const int32_t> tokens);
+  // The same with the last token chosen by `choice` (see submit_prefill).
+  void forward(DecodeState& state, std::span<const int32_t> tokens, const TokenChoice& choice);
 
   // Last-token logits [vocab] f32 in backend memory, and its argmax [1] i32.
   const float* logits() const { return logits_; }
@@ -45,20 +59,31 @@ class Qwen36Model {
   // captures graphs, a state's first decode step runs op by op (sizing every scratch buffer),
   // the second is captured as a graph, and every later step replays it: token id and position
   // are read from device memory, so nothing of the step passes through the host.
-  void submit_prefill(DecodeState& state, std::span<const int32_t> prompt, int to_slot);
-  void submit_decode(DecodeState& state, int from_slot, int to_slot);
+  // `choice` picks how each token is chosen (argmax when default) and whether its logprob
+  // record is read back too (then wait_record returns it after wait_token). A decode graph is
+  // captured per (state, choice), so changing the choice between requests is allowed.
+  void submit_prefill(DecodeState& state, std::span<const int32_t> prompt, int to_slot,
+                      const TokenChoice& choice = {});
+  void submit_decode(DecodeState& state, int from_slot, int to_slot,
+                     const TokenChoice& choice = {});
   int32_t wait_token(int slot);
+  // The record (TokenRecordLayout words) of the token wait_token(slot) just returned, when its
+  // submit asked for logprobs; nullptr otherwise. Valid until the slot is submitted again.
+  const int32_t* wait_record(int slot) const;
 
  private:
-  void run_chunk(DecodeState& state, const int32_t* host_ids, int64_t n, bool last_chunk);
+  void run_chunk(DecodeState& state, const int32_t* host_ids, int64_t n, bool last_chunk,
+                 const TokenChoice& choice);
   // One token already in ids_[0] -> logits_, next_token_; advances the position (host and
   // device). Replays the state's captured graph where the backend can.
-  void decode_step(DecodeState& state);
+  void decode_step(DecodeState& state, const TokenChoice& choice);
   // The body of a decode step, with positions read from the device.
-  void decode_step_ops(DecodeState& state);
+  void decode_step_ops(DecodeState& state, const TokenChoice& choice);
   // Embedding, the 40 layers and the final norm for n tokens at `pos` (normed_ holds the result).
   void layers_forward(DecodeState& state, SeqPos pos, int64_t n);
-  void head(int64_t n);
+  void head(int64_t n, const TokenChoice& choice);
+  // Starts the copy of the chosen token (or its record) into host slot `to_slot`.
+  void read_back(const TokenChoice& choice, int to_slot);
   void sync_device_position(DecodeState& state);
   // The projections that read normed_: matmul_group on normed_, or, when pending_norm is set,
   // residual_ += delta_ and normed_ = rms_norm(residual_) * pending_norm first, as one op.
@@ -101,14 +126,20 @@ class Qwen36Model {
   float* shared_h_;
   float* shared_logit_;
   float* logits_;
-  int32_t* next_token_;   // [1] i32: the argmax, an alias of ids_[0] (the next step's input)
+  int32_t* next_token_;   // [1] i32: the chosen token, an alias of ids_[0] (the next step's input)
+  int32_t* record_;       // [TokenRecordLayout::kWords] i32: the chosen token's logprob record
   int token_slot_ = -1;   // the host slot the token in ids_[0] is being read into; -1: none
+  bool slot_has_record_[2] = {false, false};  // whether that slot's read is a whole record
+  const int32_t* slot_record_[2] = {nullptr, nullptr};  // the record wait_token(slot) read
 
-  // Captured decode graphs, keyed by the state's device position buffer (backend memory is
-  // never freed, so the key cannot be reused by another state). A state is captured on its
+  // Captured decode graphs, keyed by the state's device position buffer and the token choice
+  // (sampler params, logprob params, logprobs: backend memory is never freed, so a key cannot
+  // be reused by other buffers). A state is captured on its
   // second decode step; `warmed_` holds states that ran their first.
-  std::map<const int32_t*, int> graphs_;
-  std::set<const int32_t*> warmed_;
+  using GraphKey = std::tuple<const int32_t*, const int32_t*, const int32_t*, bool>;
+  static GraphKey graph_key(const DecodeState& state, const TokenChoice& choice);
+  std::map<GraphKey, int> graphs_;
+  std::set<GraphKey> warmed_;
 };
 
 }  // namespace lily

@@ -6,11 +6,13 @@
 #include <chrono>
 #include <ctime>
 #include <exception>
+#include <random>
 #include <string_view>
 #include <utility>
 #include <vector>
 
 #include "server/auth.h"
+#include "server/completion_stream.h"
 #include "server/request_log.h"
 
 namespace lily {
@@ -64,6 +66,8 @@ ApiHandler::ApiHandler(ApiConfig config) : config_(std::move(config)) {}
 
 void ApiHandler::set_ready(ServingModel model) {
   model_ = std::move(model);
+  // Requests are parsed only once ready (acquire), so this write is seen by all of them.
+  if (model_.tokenizer != nullptr) config_.limits.token_id_count = model_.tokenizer->id_count();
   phase_.store(ServerPhase::ready, std::memory_order_release);
 }
 
@@ -122,38 +126,102 @@ void ApiHandler::handle(HttpRequest request, Responder respond) {
   chat_completion(std::move(request), std::move(respond));
 }
 
+namespace {
+
+// " ignored=\"user,metadata\"": the accepted-and-ignored fields, once per request.
+std::string ignored_log_detail(const std::vector<std::string>& fields) {
+  if (fields.empty()) return "";
+  std::string names;
+  for (const std::string& field : fields) {
+    if (!names.empty()) names += ',';
+    names += field;
+  }
+  return " ignored=\"" + names + "\"";
+}
+
+uint64_t random_seed() {
+  static thread_local std::mt19937_64 generator{std::random_device{}()};
+  return generator();
+}
+
+}  // namespace
+
+SequenceConfig ApiHandler::sequence_config(const ChatRequest& chat, uint64_t max_tokens) const {
+  SequenceConfig config;
+  config.max_tokens = static_cast<int64_t>(max_tokens);
+  config.stop_tokens = model_.stop_tokens;
+  config.stop_strings = chat.stop;
+  if (config_.limits.mode == ApiMode::openai) {
+    config.sampling = resolve_sampling(chat.sampling, model_.sampling_defaults, random_seed());
+  }
+  config.top_logprobs = chat.logprobs ? chat.top_logprobs : -1;
+  return config;
+}
+
 void ApiHandler::chat_completion(HttpRequest request, Responder respond) {
   try {
     // The phase may have changed since screen(); the model is only read once ready.
     if (phase() == ServerPhase::stopping) return respond(api_error_response(shutting_down_error()));
     if (phase() != ServerPhase::ready) return respond(api_error_response(model_loading_error()));
     const ChatRequest chat = parse_chat_request(request.body, config_.limits);
+    const std::string log_extra = ignored_log_detail(chat.ignored_fields);
     const std::string prompt_text = render_request_prompt(chat);
     const std::vector<uint32_t> ids = model_.tokenizer->encode(prompt_text);
     const uint64_t max_tokens = checked_max_tokens(ids.size(), chat.max_tokens, model_.max_seq);
 
     EngineRequest job;
     job.prompt.assign(ids.begin(), ids.end());
-    job.max_tokens = static_cast<int64_t>(max_tokens);
-    job.stop_tokens = model_.stop_tokens;
+    job.sequence = sequence_config(chat, max_tokens);
     job.prompt_cache_key = chat.prompt_cache_key;
     job.cancelled = request.client_gone ? request.client_gone
                                         : std::make_shared<std::atomic<bool>>(false);
+    const ApiMode mode = config_.limits.mode;
+    const bool logprobs = chat.logprobs;
     auto shared_request = std::make_shared<HttpRequest>(std::move(request));
     shared_request->body.clear();  // not needed any more; keeps queued requests small
-    job.on_complete = [this, respond, shared_request](EngineResult result) {
-      HttpResponse response;
-      try {
-        response = completion_response(result, *shared_request);
-      } catch (const std::exception& e) {
-        write_log_line(std::string("request failed: building the response: ") + e.what());
-        response = api_error_response(internal_error());
-      }
-      respond(std::move(response));
-    };
+
+    std::shared_ptr<CompletionStream> stream;
+    if (chat.stream) {
+      ChunkContext context;
+      context.created = unix_seconds();
+      context.id = ids_.next(context.created);
+      context.model = config_.limits.model_id;
+      context.include_usage = chat.include_usage;
+      stream = std::make_shared<CompletionStream>(std::move(context), *model_.tokenizer, logprobs,
+                                                  shared_request->post, shared_request->received);
+      job.on_delta = [stream](SequenceDelta delta) { stream->on_delta(std::move(delta)); };
+      job.on_complete = [stream, log_extra](EngineResult result) {
+        stream->on_complete(std::move(result), log_extra);
+      };
+    } else {
+      // The JSON is built on the connection's strand, not on the inference thread.
+      job.on_complete = [this, respond, shared_request, mode, logprobs,
+                         log_extra](EngineResult result) {
+        auto build = [this, respond, shared_request, mode, logprobs, log_extra,
+                      result = std::move(result)] {
+          HttpResponse response;
+          try {
+            response = completion_response(result, *shared_request, mode, logprobs, log_extra);
+          } catch (const std::exception& e) {
+            write_log_line(std::string("request failed: building the response: ") + e.what());
+            response = api_error_response(internal_error());
+          }
+          respond(std::move(response));
+        };
+        if (shared_request->post) {
+          shared_request->post(std::move(build));
+        } else {
+          build();
+        }
+      };
+    }
     Submission submission = model_.engine->submit(std::move(job));
     switch (submission.status) {
-      case SubmitStatus::accepted: return;
+      case SubmitStatus::accepted:
+        // Errors before this point were ordinary JSON responses; from here on the answer is a
+        // stream (its role chunk goes out now, before the prefill).
+        if (stream) stream->start(shared_request->start_stream(HttpStreamHead{}));
+        return;
       case SubmitStatus::queue_full: return respond(api_error_response(queue_full_error()));
       case SubmitStatus::shutting_down: return respond(api_error_response(shutting_down_error()));
     }
@@ -166,7 +234,8 @@ void ApiHandler::chat_completion(HttpRequest request, Responder respond) {
 }
 
 HttpResponse ApiHandler::completion_response(const EngineResult& result,
-                                             const HttpRequest& request) {
+                                             const HttpRequest& request, ApiMode mode,
+                                             bool logprobs, const std::string& log_extra) {
   if (!result.ok()) {
     if (result.error == kShuttingDownError) return api_error_response(shutting_down_error());
     write_log_line("request failed: " + result.error);
@@ -175,7 +244,7 @@ HttpResponse ApiHandler::completion_response(const EngineResult& result,
   const double wall = seconds_since(request.received);
   const std::string counts = completion_log_detail(
       static_cast<uint64_t>(result.prompt_tokens), static_cast<uint64_t>(result.cached_tokens),
-      static_cast<uint64_t>(result.completion_tokens), wall);
+      static_cast<uint64_t>(result.completion_tokens), wall) + log_extra;
   if (result.finish_reason == "cancelled") {
     const ApiError gone(kClientClosedRequest, "client disconnected", "invalid_request_error");
     HttpResponse response = api_error_response(gone);
@@ -187,13 +256,14 @@ HttpResponse ApiHandler::completion_response(const EngineResult& result,
   completion.created = unix_seconds();
   completion.id = ids_.next(completion.created);
   completion.model = config_.limits.model_id;
-  const std::vector<uint32_t> tokens(result.tokens.begin(), result.tokens.end());
-  completion.content = model_.tokenizer->decode(tokens, /*skip_special_tokens=*/true);
+  completion.mode = mode;
+  completion.content = result.text;
   completion.finish_reason =
       result.finish_reason == "stop" ? FinishReason::stop : FinishReason::length;
   completion.prompt_tokens = static_cast<uint64_t>(result.prompt_tokens);
   completion.completion_tokens = static_cast<uint64_t>(result.completion_tokens);
   completion.cached_tokens = static_cast<uint64_t>(result.cached_tokens);
+  if (logprobs) completion.logprobs = api_logprobs(result.logprobs, *model_.tokenizer);
   return json_response(200, completion_response_json(completion), counts);
 }
 

@@ -10,6 +10,7 @@
 #include "engine/engine.h"
 #include "server/http_server.h"
 #include "server/openai_types.h"
+#include "server/sampling_config.h"
 #include "text/tokenizer.h"
 
 namespace lily {
@@ -17,7 +18,7 @@ namespace lily {
 enum class ServerPhase { loading, ready, stopping };
 
 struct ApiConfig {
-  ServerLimits limits;                 // body size, nesting depth, model id, default max_tokens
+  ServerLimits limits;  // body size, nesting depth, model id, default max_tokens, API mode
   std::optional<std::string> api_key;  // when set, every path but /health needs it
 };
 
@@ -28,6 +29,9 @@ struct ServingModel {
   Engine* engine = nullptr;
   std::unordered_set<int32_t> stop_tokens;
   uint64_t max_seq = 0;  // after clamp_max_seq
+  // What a request that leaves sampling fields out gets (openai mode; none: greedy). Known
+  // only once the checkpoint is (--sampling-defaults checkpoint).
+  SamplingDefaults sampling_defaults;
 };
 
 // Routes (docs/api.md): GET /health, GET /v1/models, POST /v1/chat/completions; 404 for other
@@ -50,7 +54,10 @@ class ApiHandler : public HttpHandler {
 
  private:
   void chat_completion(HttpRequest request, Responder respond);
-  HttpResponse completion_response(const EngineResult& result, const HttpRequest& request);
+  // The request's generation: budget, stop tokens and strings, token choice, logprobs.
+  SequenceConfig sequence_config(const ChatRequest& chat, uint64_t max_tokens) const;
+  HttpResponse completion_response(const EngineResult& result, const HttpRequest& request,
+                                   ApiMode mode, bool logprobs, const std::string& log_extra);
 
   ApiConfig config_;
   std::atomic<ServerPhase> phase_{ServerPhase::loading};

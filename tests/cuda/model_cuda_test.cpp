@@ -57,7 +57,7 @@ void expect_decode_tracks_cpu(Backend& gpu, const char* label) {
   for (Backend* be : {&gpu, host.get()}) {
     Qwen36Model model(checkpoint, *be, be == &gpu ? kCudaChunk : 256);
     DecodeState state(*be, checkpoint.config.shape, 64);
-    results.push_back(generate_greedy(model, state, prompt, options));
+    results.push_back(generate(model, state, prompt, options));
   }
   const GenerationResult& cuda = results[0];
   const GenerationResult& cpu = results[1];
@@ -107,7 +107,7 @@ TEST(CudaDecode, PipelinedDecodeEqualsStepwiseGreedy) {
   DecodeState fresh(*be, checkpoint.config.shape, 256);
   GenerationOptions greedy;
   greedy.max_tokens = 49;
-  const GenerationResult stepwise = generate_greedy(model, fresh, prompt, greedy);
+  const GenerationResult stepwise = generate(model, fresh, prompt, greedy);
   ASSERT_EQ(stepwise.tokens.size(), 49u);
   EXPECT_EQ(pipelined.first_token, stepwise.tokens[0]);
   const std::vector<int32_t> tail(stepwise.tokens.begin() + 1, stepwise.tokens.end());

@@ -66,7 +66,7 @@ TEST(BackendMatmul, Q4AndQ8RowRangesAndTokenCounts) {
         const std::vector<float> x = rng.uniform_vector(static_cast<size_t>(n) * in, -2.0f, 2.0f);
         std::vector<float> y(static_cast<size_t>(n * range.rows), 1e30f);
         be->matmul(w.view(), range.begin, range.rows, x.data(), n, y.data());
-        const std::string label = "q" + std::to_string(bits) + " rows[" +
+        const std::string label = std::string("q") + std::to_string(bits) + " rows[" +
                                   std::to_string(range.begin) + ",+" +
                                   std::to_string(range.rows) + ") n=" + std::to_string(n);
         const ErrorFigures f =

@@ -89,7 +89,7 @@ TEST(BenchRun, DecodeTokensAreTheGreedyContinuationAndRunsRepeat) {
   DecodeState fresh(*tiny.backend, tiny.checkpoint.config.shape, 64);
   GenerationOptions greedy;
   greedy.max_tokens = 13;
-  const GenerationResult expected = generate_greedy(tiny.model, fresh, prompt, greedy);
+  const GenerationResult expected = generate(tiny.model, fresh, prompt, greedy);
   ASSERT_EQ(expected.tokens.size(), 13u);
   EXPECT_EQ(a.first_token, expected.tokens[0]);
   EXPECT_EQ(a.tokens, std::vector<int32_t>(expected.tokens.begin() + 1, expected.tokens.end()));

@@ -1,4 +1,4 @@
-// generate_greedy: the pipelined decode (no top_logits) against the step-by-step one, and Lily's fed-token accounting.
+// generate: the pipelined decode (no top_logits) against the step-by-step one, and Lily's fed-token accounting.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -29,15 +29,17 @@ struct GenerationRun {
 
 // One generation from a fresh state; pipelined unless `stepwise` (top_logits forces it).
 // cancel_at >= 0: on_token cancels at that token index.
-GenerationRun generate(const GenerationOptions& base, bool stepwise, int cancel_at = -1) {
+GenerationRun run_generation(const GenerationOptions& base, bool stepwise, int cancel_at = -1) {
   GenerationOptions options = base;
   options.top_logits = stepwise ? 1 : 0;
   if (cancel_at >= 0) {
-    options.on_token = [cancel_at, seen = 0](int32_t) mutable { return seen++ != cancel_at; };
+    options.on_token = [cancel_at, seen = 0](int32_t, const int32_t*) mutable {
+      return seen++ != cancel_at ? TokenAction::proceed : TokenAction::cancel;
+    };
   }
   DecodeState state(*tiny().backend, tiny().checkpoint.config.shape, kMaxSeq);
   const std::vector<int32_t> prompt = prompt_tokens();
-  GenerationRun run{generate_greedy(tiny().model, state, prompt, options), 0};
+  GenerationRun run{generate(tiny().model, state, prompt, options), 0};
   run.position = state.position;
   return run;
 }
@@ -46,8 +48,8 @@ GenerationRun generate(const GenerationOptions& base, bool stepwise, int cancel_
 // and each state holds exactly prompt + fed tokens.
 void expect_both(const GenerationOptions& options, const std::string& finish, int64_t fed_pipelined,
                  int64_t fed_stepwise, const std::string& label, int cancel_at = -1) {
-  const GenerationRun piped = generate(options, false, cancel_at);
-  const GenerationRun stepped = generate(options, true, cancel_at);
+  const GenerationRun piped = run_generation(options, false, cancel_at);
+  const GenerationRun stepped = run_generation(options, true, cancel_at);
   const auto prompt = static_cast<int64_t>(prompt_tokens().size());
   EXPECT_EQ(piped.result.tokens, stepped.result.tokens) << label;
   EXPECT_EQ(piped.result.finish_reason, finish) << label;
@@ -62,7 +64,7 @@ void expect_both(const GenerationOptions& options, const std::string& finish, in
 TEST(Generator, PipelinedDecodeMatchesStepByStep) {
   GenerationOptions options;
   options.max_tokens = 8;
-  const GenerationRun reference = generate(options, true);
+  const GenerationRun reference = run_generation(options, true);
   ASSERT_EQ(reference.result.tokens.size(), 8u);
   const std::vector<int32_t>& t = reference.result.tokens;
 

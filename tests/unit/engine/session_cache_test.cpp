@@ -242,7 +242,7 @@ TEST(SessionCache, ReleaseStoresPromptPlusFedTokens) {
   GenerationOptions options;
   options.max_tokens = 5;
   SessionLease lease = cache->acquire(prompt);
-  const GenerationResult result = generate_greedy(tiny().model, lease.state(), prompt, options);
+  const GenerationResult result = generate(tiny().model, lease.state(), prompt, options);
   ASSERT_EQ(result.finish_reason, "length");
   ASSERT_EQ(result.fed, 4);  // the last token is not fed
   const std::vector<int32_t> consumed = SessionCache::consumed_tokens(prompt, result);
@@ -262,7 +262,7 @@ TEST(SessionCache, ReleaseStoresPromptPlusFedTokens) {
   SessionLease again = cache->acquire(prompt);
   options.max_tokens = 20;
   options.stop_tokens = {result.tokens[2]};
-  const GenerationResult stopped = generate_greedy(tiny().model, again.state(), prompt, options);
+  const GenerationResult stopped = generate(tiny().model, again.state(), prompt, options);
   ASSERT_EQ(stopped.finish_reason, "stop");
   EXPECT_TRUE(cache->release(again, SessionCache::consumed_tokens(prompt, stopped)));
   SessionLease next = cache->acquire(concat(concat(prompt, stopped.tokens), tokens(1, 53)));
@@ -289,18 +289,18 @@ TEST(SessionCache, ReusedStateGeneratesLikeAFreshOne) {
   options.max_tokens = 6;
   options.top_logits = 8;
   SessionLease lease = cache->acquire(prompt1);
-  const GenerationResult turn1 = generate_greedy(tiny().model, lease.state(), prompt1, options);
+  const GenerationResult turn1 = generate(tiny().model, lease.state(), prompt1, options);
   ASSERT_TRUE(cache->release(lease, SessionCache::consumed_tokens(prompt1, turn1)));
 
   const auto prompt2 = concat(concat(prompt1, turn1.tokens), tokens(7, 72));
   SessionLease hit = cache->acquire(prompt2);
   ASSERT_EQ(hit.cached_tokens(), 20 + turn1.fed);
-  const GenerationResult cached = generate_greedy(
+  const GenerationResult cached = generate(
       tiny().model, hit.state(),
       std::span<const int32_t>(prompt2).subspan(static_cast<size_t>(hit.cached_tokens())), options);
 
   DecodeState fresh_state(*tiny().backend, tiny().checkpoint.config.shape, kMaxSeq);
-  const GenerationResult fresh = generate_greedy(tiny().model, fresh_state, prompt2, options);
+  const GenerationResult fresh = generate(tiny().model, fresh_state, prompt2, options);
 
   EXPECT_EQ(cached.tokens, fresh.tokens);
   EXPECT_EQ(cached.fed, fresh.fed);

@@ -1,4 +1,4 @@
-// Engine loop: results match generate_greedy, cache reuse, queue limit, cancellation, shutdown.
+// Engine loop: results match generate, cache reuse, queue limit, cancellation, shutdown.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -38,11 +38,11 @@ std::vector<int32_t> tokens(size_t n, uint32_t seed) {
   return ids;
 }
 
-// generate_greedy on a fresh state, without the engine.
+// generate on a fresh state, without the engine.
 GenerationResult direct(const std::vector<int32_t>& prompt, const GenerationOptions& options) {
   auto cache = make_cache();
   SessionLease lease = cache->acquire(prompt);
-  GenerationResult result = generate_greedy(tiny().model, lease.state(), prompt, options);
+  GenerationResult result = generate(tiny().model, lease.state(), prompt, options);
   cache->drop(lease);
   return result;
 }
@@ -50,7 +50,7 @@ GenerationResult direct(const std::vector<int32_t>& prompt, const GenerationOpti
 EngineRequest request(std::vector<int32_t> prompt, int64_t max_tokens) {
   EngineRequest r;
   r.prompt = std::move(prompt);
-  r.max_tokens = max_tokens;
+  r.sequence.max_tokens = max_tokens;
   return r;
 }
 
@@ -107,7 +107,7 @@ TEST(EngineLoop, ResultMatchesGenerateGreedy) {
   Engine engine(tiny().model, *cache);
   Submission a = engine.submit(request(prompt, 12));
   EngineRequest with_stop = request(prompt, 12);
-  with_stop.stop_tokens = options.stop_tokens;
+  with_stop.sequence.stop_tokens = options.stop_tokens;
   Submission b = engine.submit(std::move(with_stop));
   ASSERT_EQ(a.status, SubmitStatus::accepted);
   ASSERT_EQ(b.status, SubmitStatus::accepted);
@@ -352,7 +352,7 @@ TEST(Generator, PrefillCancelledBetweenChunksKeepsTheFedPrefix) {
   options.max_tokens = 5;
   options.cancel_prefill = [&checks] { return ++checks > 2; };  // two chunks, then cancel
   const GenerationResult cancelled =
-      generate_greedy(small_chunk_model(), lease.state(), prompt, options);
+      generate(small_chunk_model(), lease.state(), prompt, options);
   EXPECT_EQ(cancelled.finish_reason, "cancelled");
   EXPECT_TRUE(cancelled.tokens.empty());
   EXPECT_EQ(cancelled.prompt_unfed, 14);
@@ -362,7 +362,7 @@ TEST(Generator, PrefillCancelledBetweenChunksKeepsTheFedPrefix) {
 
   // Resuming from the cancelled state gives exactly what a fresh run gives.
   options.cancel_prefill = nullptr;
-  const GenerationResult resumed = generate_greedy(
+  const GenerationResult resumed = generate(
       small_chunk_model(), lease.state(), std::span<const int32_t>(prompt).subspan(16), options);
   cache->drop(lease);
   EXPECT_EQ(resumed.tokens, direct(prompt, options).tokens);
@@ -375,7 +375,7 @@ TEST(Generator, PrefillInChunksEqualsOneShotPrefill) {
   options.cancel_prefill = [] { return false; };
   auto cache = make_cache();
   SessionLease lease = cache->acquire(prompt);
-  const GenerationResult chunked = generate_greedy(small_chunk_model(), lease.state(), prompt, options);
+  const GenerationResult chunked = generate(small_chunk_model(), lease.state(), prompt, options);
   cache->drop(lease);
   EXPECT_EQ(chunked.prompt_unfed, 0);
   EXPECT_EQ(chunked.tokens, direct(prompt, options).tokens);

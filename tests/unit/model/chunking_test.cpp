@@ -92,7 +92,7 @@ TEST(Generation, FedTokenAccountingFollowsLily) {
   DecodeState state(*backend, checkpoint.config.shape, 64);
   GenerationOptions options;
   options.max_tokens = 5;
-  GenerationResult result = generate_greedy(model, state, prompt, options);
+  GenerationResult result = generate(model, state, prompt, options);
   EXPECT_EQ(result.finish_reason, "length");
   EXPECT_EQ(result.tokens.size(), 5u);
   EXPECT_EQ(result.fed, 4);
@@ -102,7 +102,7 @@ TEST(Generation, FedTokenAccountingFollowsLily) {
   state.reset(*backend);
   options.max_tokens = 20;
   options.stop_tokens = {result.tokens[2]};
-  GenerationResult stopped = generate_greedy(model, state, prompt, options);
+  GenerationResult stopped = generate(model, state, prompt, options);
   ASSERT_EQ(stopped.finish_reason, "stop");
   const auto first_stop = static_cast<int64_t>(stopped.tokens.size());
   EXPECT_EQ(stopped.fed, first_stop);
@@ -111,7 +111,7 @@ TEST(Generation, FedTokenAccountingFollowsLily) {
   // Stop on token 0: nothing generated is fed.
   state.reset(*backend);
   options.stop_tokens = {result.tokens[0]};
-  GenerationResult immediate = generate_greedy(model, state, prompt, options);
+  GenerationResult immediate = generate(model, state, prompt, options);
   EXPECT_EQ(immediate.tokens.size(), 1u);
   EXPECT_EQ(immediate.fed, 0);
   EXPECT_EQ(state.position, 12);

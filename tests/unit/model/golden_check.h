@@ -112,7 +112,7 @@ inline void check_golden(const std::filesystem::path& file, Backend& backend, in
   GenerationOptions options;
   options.max_tokens = static_cast<int64_t>(expected.size());
   options.top_logits = 16;  // no stop tokens: the golden decodes a fixed number of steps
-  const GenerationResult result = generate_greedy(model, state, prompt, options);
+  const GenerationResult result = generate(model, state, prompt, options);
   ASSERT_EQ(result.tokens.size(), expected.size());
 
   size_t compared = 0;
