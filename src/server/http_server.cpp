@@ -1,4 +1,4 @@
-// HTTP/1.1 transport on Boost.Beast: accept loop, one strand per connection, limits and deadlines.
+// HTTP/1.1 transport on Boost.Beast: accept loop, a strand per connection, limits, deadlines, SSE.
 #include "server/http_server.h"
 
 #include <sys/socket.h>
@@ -8,6 +8,9 @@
 #include <algorithm>
 #include <array>
 #include <cstdio>
+#include <deque>
+#include <exception>
+#include <mutex>
 #include <optional>
 
 #include <boost/asio/bind_executor.hpp>
@@ -19,6 +22,7 @@
 #include <boost/beast/http.hpp>
 
 #include "core/error.h"
+#include "server/request_log.h"
 
 namespace lily {
 
@@ -34,6 +38,50 @@ namespace {
 // sees our response instead of a reset (closing a socket with unread input sends RST).
 constexpr auto kDrainTimeout = std::chrono::milliseconds(2000);
 constexpr size_t kDrainMaxBytes = 8u << 20;
+
+// The log status of a request whose client left or could not keep up (nginx's "client closed
+// request"); nobody receives it.
+constexpr int kClientGoneStatus = 499;
+
+bool has_line_break(std::string_view text) {
+  return text.find_first_of("\r\n") != std::string_view::npos;
+}
+
+// The state a stream shares between its handle (any thread) and its connection (the strand).
+// Everything behind `mutex`.
+struct StreamChannel {
+  StreamChannel(size_t limit_bytes, std::shared_ptr<std::atomic<bool>> gone)
+      : limit(limit_bytes), client_gone(std::move(gone)) {}
+
+  // Marks the stream failed (the first reason wins) and the client gone. Caller holds `mutex`.
+  void fail_locked(std::string why, int status = kClientGoneStatus) {
+    if (failed) return;
+    failed = true;
+    reason = std::move(why);
+    fail_status = status;
+    pending.clear();
+    if (client_gone) client_gone->store(true, std::memory_order_release);
+  }
+  void fail(std::string why) {
+    std::lock_guard lock(mutex);
+    fail_locked(std::move(why));
+  }
+
+  const size_t limit;  // HttpLimits::max_stream_buffer_bytes
+
+  // Null for a refused second answer (it must not cancel the request).
+  const std::shared_ptr<std::atomic<bool>> client_gone;
+  mutable std::mutex mutex;
+  std::deque<std::string> pending;  // writes not yet handed to the socket, in order
+  size_t unsent = 0;                // payload bytes pending or in the socket write in flight
+  bool advance_posted = false;      // an advance task is queued on the strand
+  bool failed = false;
+  std::string reason;  // why it failed, for the log line
+  int fail_status = kClientGoneStatus;
+  bool finish_called = false;
+  int log_status = 200;
+  std::string log_detail;
+};
 
 }  // namespace
 
@@ -52,6 +100,8 @@ class HttpServer::Connection : public std::enable_shared_from_this<Connection> {
   }
 
  private:
+  class Stream;
+
   // --- deadlines: one timer; a generation number ignores expiries of superseded deadlines.
   void arm(std::chrono::milliseconds timeout) {
     const uint64_t generation = ++deadline_generation_;
@@ -148,17 +198,40 @@ class HttpServer::Connection : public std::enable_shared_from_this<Connection> {
     awaiting_response_ = true;
     server_.awaiting_response_.fetch_add(1, std::memory_order_acq_rel);
     auto self = shared_from_this();
-    Responder respond = [self](HttpResponse response) {
+    // The Responder and start_stream share one flag: the first answer wins, a second one is
+    // refused (it would write a second response, or decrement awaiting_response_ twice).
+    auto answered = std::make_shared<std::atomic<bool>>(false);
+    Responder respond = [self, answered](HttpResponse response) {
+      if (answered->exchange(true, std::memory_order_acq_rel)) {
+        write_log_line("request failed: the handler answered a request twice; ignored");
+        return;
+      }
       net::post(self->socket_.get_executor(), [self, response = std::move(response)]() mutable {
         self->send(std::move(response));
+      });
+    };
+    request.start_stream = [self, answered,
+                            gone = request.client_gone](HttpStreamHead stream_head) {
+      return self->start_stream(answered, gone, std::move(stream_head));
+    };
+    request.post = [executor = socket_.get_executor()](std::function<void()> task) {
+      net::post(executor, [task = std::move(task)] {
+        try {
+          task();
+        } catch (const std::exception& e) {
+          write_log_line(std::string("request failed: a posted task threw: ") + e.what());
+        }
       });
     };
     try {
       server_.handler_.handle(std::move(request), std::move(respond));
     } catch (const std::exception& e) {
-      // The handler promises not to throw; if it does, the client still gets an answer.
+      // The handler promises not to throw; if it does, the client still gets an answer (unless
+      // the handler answered before it threw).
       std::fprintf(stderr, "request failed: handler threw: %s\n", e.what());
-      send(server_.handler_.transport_error(500, "internal server error"));
+      if (!answered->exchange(true, std::memory_order_acq_rel)) {
+        send(server_.handler_.transport_error(500, "internal server error"));
+      }
       return;
     }
     if (awaiting_response_) watch_for_disconnect();
@@ -229,7 +302,25 @@ class HttpServer::Connection : public std::enable_shared_from_this<Connection> {
       // n == 0: orderly close; n < 0: reset or another error. Either way, gone.
     }
     if (client_gone_) client_gone_->store(true, std::memory_order_release);
+    if (stream_) {
+      // Mid-stream: later writes are refused; the connection closes (see advance_stream).
+      stream_->fail("client disconnected");
+      advance_stream(stream_);
+    }
   }
+
+  // --- a streamed response (ResponseStream). The handle (any thread) queues into the channel
+  // and posts advance_stream; on the strand, advance_stream moves what is queued into one
+  // socket write (each write its own chunk), and completes the stream once it is finished and
+  // written, or failed.
+  std::shared_ptr<ResponseStream> start_stream(const std::shared_ptr<std::atomic<bool>>& answered,
+                                               const std::shared_ptr<std::atomic<bool>>& gone,
+                                               HttpStreamHead stream_head);
+  void begin_stream(std::shared_ptr<StreamChannel> channel, HttpStreamHead stream_head);
+  void advance_stream(std::shared_ptr<StreamChannel> channel);
+  void write_stream_bytes();
+  void on_stream_written(error_code ec, size_t n);
+  void complete_stream();
 
   // --- writing the response
   void send(HttpResponse response) {
@@ -250,18 +341,22 @@ class HttpServer::Connection : public std::enable_shared_from_this<Connection> {
     if (method_ == "HEAD") response_->body().clear();  // RFC 9110 §9.3.2: headers only
     unread_body_ = response.close && parser_ && !parser_->is_done();
 
-    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                        Clock::now() - (method_ == "-" ? Clock::now() : received_))
-                        .count();
-    if (server_.logger_) {
-      server_.logger_(method_ + " " + path_ + " " + std::to_string(response.status) + " " +
-                      std::to_string(ms) + "ms" + response.log_detail);
-    }
+    log_request(response.status, response.log_detail);
     arm(server_.limits_.write_timeout);
     http::async_write(socket_, *response_,
                       [self = shared_from_this(), was_awaiting](error_code ec, size_t) {
                         self->on_written(ec, was_awaiting);
                       });
+  }
+
+  void log_request(int status, const std::string& detail) {
+    const auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                        Clock::now() - (method_ == "-" ? Clock::now() : received_))
+                        .count();
+    if (server_.logger_) {
+      server_.logger_(method_ + " " + path_ + " " + std::to_string(status) + " " +
+                      std::to_string(ms) + "ms" + detail);
+    }
   }
 
   void on_written(error_code ec, bool was_awaiting) {
@@ -312,12 +407,272 @@ class HttpServer::Connection : public std::enable_shared_from_this<Connection> {
   std::string path_;
   Clock::time_point received_;
   std::shared_ptr<std::atomic<bool>> client_gone_;
+  // The stream being written, from begin_stream until complete_stream. While it is set, the
+  // request counts as awaiting its response.
+  std::shared_ptr<StreamChannel> stream_;
+  std::string stream_out_;           // the socket write in flight: head and/or framed chunks
+  size_t stream_out_done_ = 0;       // bytes of stream_out_ the socket took
+  size_t stream_out_payload_ = 0;    // payload bytes in stream_out_ (counted in `unsent`)
+  bool stream_writing_ = false;      // a write of stream_out_ is in flight
+  bool stream_head_sent_ = false;    // the head is in stream_out_ or written
+  bool stream_last_queued_ = false;  // the end (last chunk) is in stream_out_ or written
+  bool stream_chunked_ = false;      // HTTP/1.1: chunked; HTTP/1.0: close-delimited
+  std::string stream_head_;          // the head, until it goes into stream_out_
   bool awaiting_response_ = false;
   bool keep_alive_ = false;
   bool unread_body_ = false;
   size_t drained_ = 0;
   std::array<char, 16384> drain_buffer_{};
 };
+
+// The handle the handler writes to. Holds the connection (never destroyed under it) until
+// finish(); the connection holds only the channel.
+class HttpServer::Connection::Stream final : public ResponseStream {
+ public:
+  Stream(std::shared_ptr<StreamChannel> channel, std::shared_ptr<Connection> connection)
+      : channel_(std::move(channel)), connection_(std::move(connection)) {}
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  ~Stream() override {
+    std::lock_guard lock(channel_->mutex);
+    if (channel_->finish_called || !connection_) return;
+    // Dropped without finish(): a broken response (closed without its last chunk), logged 500.
+    channel_->fail_locked("the handler dropped the stream without finishing it", 500);
+    channel_->finish_called = true;
+    post_advance_locked();
+  }
+
+  bool write(std::string bytes) override {
+    std::lock_guard lock(channel_->mutex);
+    StreamChannel& channel = *channel_;
+    if (channel.failed || channel.finish_called) return false;
+    if (bytes.empty()) return true;  // an empty chunk would end a chunked body
+    // unsent <= limit always, so this cannot wrap.
+    if (bytes.size() > channel.limit - channel.unsent) {
+      channel.fail_locked("client too slow: " + std::to_string(channel.unsent + bytes.size()) +
+                          " bytes unsent");
+      post_advance_locked();  // closes the connection
+      return false;
+    }
+    channel.unsent += bytes.size();
+    channel.pending.push_back(std::move(bytes));
+    post_advance_locked();
+    return true;
+  }
+
+  void finish(int log_status, std::string log_detail) override {
+    std::lock_guard lock(channel_->mutex);
+    if (channel_->finish_called) {
+      write_log_line("request failed: ResponseStream::finish called twice; ignored");
+      return;
+    }
+    channel_->finish_called = true;
+    channel_->log_status = log_status;
+    channel_->log_detail = std::move(log_detail);
+    post_advance_locked();
+    connection_.reset();  // the posted task holds it now; the connection may go when done
+  }
+
+  bool failed() const override {
+    std::lock_guard lock(channel_->mutex);
+    return channel_->failed;
+  }
+
+ private:
+  // Asks the strand to write what is queued (or to close, or complete). Caller holds the
+  // channel's mutex; one task queued at a time is enough, it takes everything there is then.
+  void post_advance_locked() {
+    if (!connection_ || channel_->advance_posted) return;
+    channel_->advance_posted = true;
+    net::post(connection_->socket_.get_executor(), [connection = connection_, channel = channel_] {
+      connection->advance_stream(channel);
+    });
+  }
+
+  const std::shared_ptr<StreamChannel> channel_;
+  std::shared_ptr<Connection> connection_;  // null after finish(), or for a refused stream
+};
+
+std::shared_ptr<ResponseStream> HttpServer::Connection::start_stream(
+    const std::shared_ptr<std::atomic<bool>>& answered,
+    const std::shared_ptr<std::atomic<bool>>& gone, HttpStreamHead stream_head) {
+  if (answered->exchange(true, std::memory_order_acq_rel)) {
+    write_log_line("request failed: the handler answered a request twice; stream refused");
+    auto refused = std::make_shared<StreamChannel>(0, nullptr);  // does not cancel the request
+    refused->fail("the request was already answered");
+    return std::make_shared<Stream>(std::move(refused), nullptr);
+  }
+  auto channel = std::make_shared<StreamChannel>(server_.limits_.max_stream_buffer_bytes, gone);
+  auto self = shared_from_this();
+  // Posted before any write can post its advance: the strand runs them in order.
+  net::post(socket_.get_executor(),
+            [self, channel, stream_head = std::move(stream_head)]() mutable {
+              self->begin_stream(std::move(channel), std::move(stream_head));
+            });
+  return std::make_shared<Stream>(std::move(channel), std::move(self));
+}
+
+void HttpServer::Connection::begin_stream(std::shared_ptr<StreamChannel> channel,
+                                          HttpStreamHead stream_head) {
+  const unsigned version = parser_ && parser_->is_header_done() ? parser_->get().version() : 11;
+  stream_ = std::move(channel);
+  stream_chunked_ = version == 11;
+  keep_alive_ = keep_alive_ && stream_chunked_ && !server_.stopping();  // 1.0: ends by closing
+  stream_head_sent_ = false;
+  stream_last_queued_ = false;
+  stream_writing_ = false;
+
+  int status = stream_head.status;
+  if (status < 200 || status > 599) {
+    write_log_line("request failed: stream status " + std::to_string(status) + " sent as 500");
+    status = 500;
+  }
+  http::fields fields;
+  fields.set(http::field::server, "lily");
+  fields.set(http::field::content_type, "text/event-stream");
+  fields.set(http::field::cache_control, "no-cache");
+  for (const auto& [name, value] : stream_head.headers) {
+    if (name.empty() || has_line_break(name) || has_line_break(value) ||
+        boost::beast::iequals(name, "Transfer-Encoding") ||
+        boost::beast::iequals(name, "Content-Length") ||
+        boost::beast::iequals(name, "Connection")) {
+      continue;
+    }
+    fields.set(name, value);
+  }
+  std::string head = version == 10 ? "HTTP/1.0 " : "HTTP/1.1 ";
+  head += std::to_string(status);
+  head += ' ';
+  head += std::string(http::obsolete_reason(static_cast<http::status>(status)));
+  head += "\r\n";
+  for (const auto& field : fields) {
+    head += std::string(field.name_string());
+    head += ": ";
+    head += std::string(field.value());
+    head += "\r\n";
+  }
+  if (stream_chunked_) head += "Transfer-Encoding: chunked\r\n";
+  if (stream_chunked_ && !keep_alive_) head += "Connection: close\r\n";
+  head += "\r\n";
+  stream_head_ = std::move(head);
+
+  if (client_gone_ && client_gone_->load(std::memory_order_acquire)) {
+    stream_->fail("client disconnected");  // went away while the request waited
+  }
+  advance_stream(stream_);
+}
+
+void HttpServer::Connection::advance_stream(std::shared_ptr<StreamChannel> channel) {
+  if (!channel || channel != stream_ || stream_writing_) return;  // stale, or a write in flight
+  bool failed = false;
+  bool finished = false;
+  std::deque<std::string> chunks;
+  {
+    std::lock_guard lock(channel->mutex);
+    channel->advance_posted = false;
+    failed = channel->failed;
+    finished = channel->finish_called;
+    if (!failed) chunks.swap(channel->pending);
+  }
+  if (failed) {
+    close();  // cancels the disconnect watch too; what was queued is dropped
+    if (finished) complete_stream();
+    return;
+  }
+  stream_out_.clear();
+  stream_out_done_ = 0;
+  stream_out_payload_ = 0;
+  if (!stream_head_sent_) {
+    stream_out_ = std::move(stream_head_);
+    stream_head_.clear();
+    stream_head_sent_ = true;
+  }
+  for (const std::string& chunk : chunks) {
+    if (stream_chunked_) {
+      char size_line[24];
+      std::snprintf(size_line, sizeof size_line, "%zx\r\n", chunk.size());
+      stream_out_ += size_line;
+      stream_out_ += chunk;
+      stream_out_ += "\r\n";
+    } else {
+      stream_out_ += chunk;
+    }
+    stream_out_payload_ += chunk.size();
+  }
+  if (finished && !stream_last_queued_) {
+    stream_last_queued_ = true;
+    if (stream_chunked_) stream_out_ += "0\r\n\r\n";
+  }
+  if (stream_out_.empty()) {
+    if (stream_last_queued_) complete_stream();  // HTTP/1.0: nothing marks the end
+    return;
+  }
+  stream_writing_ = true;
+  write_stream_bytes();
+}
+
+void HttpServer::Connection::write_stream_bytes() {
+  // The write timeout counts per write operation, so a long generation never trips it; a
+  // client that takes nothing for that long does.
+  arm(server_.limits_.write_timeout);
+  socket_.async_write_some(
+      net::buffer(stream_out_.data() + stream_out_done_, stream_out_.size() - stream_out_done_),
+      [self = shared_from_this()](error_code ec, size_t n) { self->on_stream_written(ec, n); });
+}
+
+void HttpServer::Connection::on_stream_written(error_code ec, size_t n) {
+  disarm();
+  stream_out_done_ += n;
+  if (!ec && stream_out_done_ < stream_out_.size()) return write_stream_bytes();
+  stream_writing_ = false;
+  const std::shared_ptr<StreamChannel> channel = stream_;  // set: only complete_stream clears it
+  if (ec) {
+    if (timed_out_) {
+      channel->fail("client too slow: nothing written for " +
+                    std::to_string(server_.limits_.write_timeout.count()) + " ms");
+    } else {
+      channel->fail("client disconnected");  // reset, broken pipe; or our close after a failure
+    }
+  } else {
+    {
+      std::lock_guard lock(channel->mutex);
+      channel->unsent -= stream_out_payload_;
+    }
+    stream_out_payload_ = 0;
+    if (stream_last_queued_) return complete_stream();
+  }
+  advance_stream(channel);
+}
+
+void HttpServer::Connection::complete_stream() {
+  const std::shared_ptr<StreamChannel> channel = std::move(stream_);
+  stream_.reset();
+  bool failed = false;
+  int status = 0;
+  std::string detail;
+  {
+    std::lock_guard lock(channel->mutex);
+    failed = channel->failed;
+    status = failed ? channel->fail_status : channel->log_status;
+    detail = channel->log_detail;
+    if (failed) detail += error_log_detail(channel->reason);
+  }
+  log_request(status, detail);
+  std::string().swap(stream_out_);  // up to max_stream_buffer_bytes: not kept for later
+  stream_head_.clear();
+  awaiting_response_ = false;
+  server_.awaiting_response_.fetch_sub(1, std::memory_order_acq_rel);
+  if (failed) return close();
+  if (keep_alive_ && !server_.stopping()) {
+    error_code ignored;
+    socket_.cancel(ignored);  // ends the disconnect watch
+    return read_head();
+  }
+  error_code ignored;
+  socket_.shutdown(tcp::socket::shutdown_send, ignored);
+  close();
+}
 
 HttpServer::HttpServer(HttpHandler& handler, HttpLimits limits, RequestLogger logger)
     : handler_(handler),
@@ -397,6 +752,10 @@ void HttpServer::accept() {
       socket.shutdown(tcp::socket::shutdown_send, ignored);
       socket.close(ignored);
     } else {
+      // Stream chunks (and small responses) go out at once instead of waiting for the ACK of
+      // the previous segment (Nagle, up to a delayed-ACK timeout of 40 ms).
+      error_code ignored;
+      socket.set_option(tcp::no_delay(true), ignored);
       std::make_shared<Connection>(*this, std::move(socket))->start();
     }
     accept();

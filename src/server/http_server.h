@@ -28,8 +28,14 @@ struct HttpLimits {
   // Deadline for reading one whole request (headers and body) from its first byte, and for an
   // idle keep-alive connection to start the next one. A slow client gets 408 and is closed.
   std::chrono::milliseconds read_timeout{30000};
-  std::chrono::milliseconds write_timeout{30000};  // a client that does not read its response
+  // For each write operation on the socket (a whole response, or one batch of a stream's
+  // chunks): a client that takes nothing for this long is closed. A stream as a whole may last
+  // much longer.
+  std::chrono::milliseconds write_timeout{30000};
   size_t max_connections = 512;  // beyond this, new connections get 503 and are closed
+  // A stream's bytes queued and not yet written (a client that stops reading): past this the
+  // stream fails (client_gone set, connection closed, logged 499).
+  size_t max_stream_buffer_bytes = 1048576;
 };
 
 // What the handler sees of a request before its body is read.
@@ -42,13 +48,67 @@ struct HttpRequestHead {
   bool has_body = false;  // Content-Length > 0 or chunked
 };
 
+// A response written in pieces (text/event-stream). Thread-safe. Every write goes out as its
+// own HTTP chunk as soon as the socket takes it (TCP_NODELAY on every connection).
+//
+// Lifetime: the transport keeps the connection object alive while the stream is not finished;
+// the stream object may outlive the connection (and the socket may be closed under it). Do not
+// use it after the HttpServer is destroyed. Dropping it without finish() ends the response
+// as broken (connection closed without the last chunk, client_gone set) and logs 500.
+class ResponseStream {
+ public:
+  virtual ~ResponseStream() = default;
+  // Queues bytes for the client, written in order, each write flushed as soon as the socket takes
+  // it (no Nagle: TCP_NODELAY). Returns false, dropping them, once the stream has failed: the
+  // client is gone (closed, reset, write error, write_timeout) or more than
+  // HttpLimits::max_stream_buffer_bytes would be queued and not yet written (a slow reader).
+  // On failure the request's client_gone flag is set (so the engine cancels the request), the
+  // connection is closed and the failure reason is kept for the log line. Never blocks. An
+  // empty write is a no-op (returns !failed()); a write after finish() returns false.
+  virtual bool write(std::string bytes) = 0;
+  // Ends the response once the queued bytes are written (a chunked response's last chunk), then
+  // the connection goes on (keep-alive) or closes as for normal responses; writes the request's
+  // log line with `log_status` and `log_detail` (same format as HttpResponse::log_detail). If
+  // the stream failed, the log line says 499 and `log_detail` followed by the failure reason,
+  // e.g. ` error="client disconnected"` or ` error="client too slow: 1048576 bytes unsent"`
+  // (so do not put an error of your own into `log_detail` for a failed stream). Call exactly
+  // once, from any thread; later calls are ignored.
+  virtual void finish(int log_status, std::string log_detail) = 0;
+  // Whether the stream has failed (see write).
+  virtual bool failed() const = 0;
+};
+
+// The start of a streamed response.
+struct HttpStreamHead {
+  int status = 200;
+  // Extra fields; one named like a default (Content-Type, Cache-Control) replaces it.
+  // Transfer-Encoding, Content-Length and Connection belong to the transport and are ignored,
+  // as is any field whose name or value contains CR or LF.
+  std::vector<std::pair<std::string, std::string>> headers;
+};
+
 struct HttpRequest {
   HttpRequestHead head;
   std::string body;  // at most HttpLimits::max_body_bytes
   std::chrono::steady_clock::time_point received;  // when the head was complete
   // Set by the transport when the client goes away (closed or reset) while the request waits
   // for its response. The handler hands it to the engine as the cancellation flag.
+  // Also set when a stream fails (see ResponseStream::write).
   std::shared_ptr<std::atomic<bool>> client_gone;
+  // Sends the status line and headers at once (Content-Type: text/event-stream, Cache-Control:
+  // no-cache; HTTP/1.1: Transfer-Encoding: chunked, keep-alive as for normal responses;
+  // HTTP/1.0: no length, the connection closes at the end) and returns the stream. Callable
+  // from any thread. The handler calls EITHER the Responder OR start_stream, exactly once: a
+  // second answer is refused (a second start_stream returns a stream that has failed, without
+  // touching client_gone) and logged.
+  std::function<std::shared_ptr<ResponseStream>(HttpStreamHead)> start_stream;
+  // Runs a task on the connection's strand (an I/O thread), from any thread, in the order
+  // posted, never inline. A task posted after the connection closed still runs (the strand
+  // outlives the connection; the task must not assume the client is there: a stream then
+  // refuses its writes). Tasks still queued when the server's I/O threads stop are destroyed
+  // without running. A task that throws is logged and dropped. Do not call it after the
+  // HttpServer is destroyed.
+  std::function<void(std::function<void()>)> post;
 };
 
 struct HttpResponse {
@@ -59,7 +119,8 @@ struct HttpResponse {
   bool close = false;      // close the connection after this response
 };
 
-// Sends the response for one request. Call exactly once, from any thread.
+// Sends the response for one request. Call exactly once, from any thread (or call the request's
+// start_stream instead); a second answer is ignored and logged.
 using Responder = std::function<void(HttpResponse)>;
 
 // The application side: routing and the API. Called on the transport's threads.
@@ -79,9 +140,10 @@ class HttpHandler {
 // Writes one log line ("METHOD PATH STATUS <ms>ms<detail>") per answered request.
 using RequestLogger = std::function<void(const std::string& line)>;
 
-// The listener and its I/O threads. Connections are keep-alive HTTP/1.1 (and 1.0); each is
-// served on its own strand. While a request waits for its response, the connection watches
-// the socket: a client that closes or resets it has `client_gone` set.
+// The listener and its I/O threads. Connections are keep-alive HTTP/1.1 (and 1.0), with
+// TCP_NODELAY; each is served on its own strand. While a request waits for its response, and
+// while its response streams, the connection watches the socket: a client that closes or
+// resets it has `client_gone` set (and its stream fails).
 class HttpServer {
  public:
   HttpServer(HttpHandler& handler, HttpLimits limits, RequestLogger logger);
@@ -101,8 +163,8 @@ class HttpServer {
   boost::asio::io_context& io() { return io_; }
 
   // From any thread: stop accepting, answer later requests with Connection: close, wait until
-  // every request already handed to the handler has had its response written (at most
-  // `grace`), then stop the I/O threads. join() waits for that.
+  // every request already handed to the handler has had its response written, streams
+  // finished included (at most `grace`), then stop the I/O threads. join() waits for that.
   void stop(std::chrono::milliseconds grace);
   // From any thread: responses from now on carry Connection: close (stop() implies it).
   void mark_stopping();
@@ -124,7 +186,8 @@ class HttpServer {
   // Declared before io_: connections still queued in io_ when it is destroyed update them.
   std::atomic<bool> stopping_{false};
   std::atomic<size_t> connections_{0};
-  std::atomic<size_t> awaiting_response_{0};  // handed to the handler, response not yet written
+  // Handed to the handler, response (or stream) not yet completely written.
+  std::atomic<size_t> awaiting_response_{0};
   boost::asio::io_context io_;
   boost::asio::ip::tcp::acceptor acceptor_;
   std::vector<std::thread> threads_;
