@@ -64,6 +64,8 @@ Json bench_report(const BenchContext& context, const BenchMeasurement& m,
         {"prompt_kind", kPromptKind},
         {"decode_steps", steps},
         {"decode_mode", "production_depth2_pipelined"},
+        {"token_choice", context.options.sampling ? "sampled: temperature 1, top_p 0.95, top_k 20, seed 0"
+                                                   : "argmax"},
         {"model_dir", context.model_dir},
         {"profile", context.profile},
         {"checkpoint_bytes", context.checkpoint_bytes}}},

@@ -4,9 +4,11 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <optional>
 #include <stdexcept>
 
 #include "bench/workload.h"
+#include "engine/sampler_state.h"
 
 namespace lily {
 
@@ -20,6 +22,14 @@ double seconds(Clock::time_point from, Clock::time_point to) {
 
 }  // namespace
 
+SamplerParams bench_sampling_params() {
+  SamplerParams p;
+  p.temperature = 1.0f;
+  p.top_p = 0.95f;
+  p.top_k = 20;
+  return p;
+}
+
 BenchMeasurement run_bench(Qwen36Model& model, DecodeState& state, const BenchOptions& options) {
   if (options.prompt_len <= 0 || options.decode_steps <= 0) {
     throw std::invalid_argument("bench: prompt_len and decode_steps must be positive");
@@ -29,20 +39,32 @@ BenchMeasurement run_bench(Qwen36Model& model, DecodeState& state, const BenchOp
                                 " tokens, the run needs prompt_len + decode_steps + 1");
   }
   const std::vector<int32_t> prompt = synthetic_prompt(options.prompt_len, model.shape().vocab_size);
+  // The sampling arm's buffers are uploaded (zero counts, step 0) before each pass, outside
+  // the timers, as the server does at the start of a request.
+  std::optional<SamplerState> sampler;
+  TokenChoice choice;
+  if (options.sampling) {
+    sampler.emplace(model.backend(), static_cast<int64_t>(model.shape().vocab_size));
+    choice.sampler = &sampler->buffers();
+  }
+  auto reset = [&] {
+    state.reset(model.backend());
+    if (sampler) sampler->upload(*options.sampling, true, prompt);
+  };
 
   // Warm-up with the exact shapes: grows scratch, faults pages in, trains branch predictors.
-  state.reset(model.backend());
-  model.submit_prefill(state, prompt, 0);
-  model.submit_decode(state, 0, 1);
+  reset();
+  model.submit_prefill(state, prompt, 0, choice);
+  model.submit_decode(state, 0, 1, choice);
   model.wait_token(1);
-  model.submit_decode(state, 1, 0);
+  model.submit_decode(state, 1, 0, choice);
   model.wait_token(0);
 
   BenchMeasurement m;
-  state.reset(model.backend());
+  reset();
   const Clock::time_point start = Clock::now();
-  model.submit_prefill(state, prompt, 0);
-  model.submit_decode(state, 0, 1);
+  model.submit_prefill(state, prompt, 0, choice);
+  model.submit_decode(state, 0, 1, choice);
   m.first_token = model.wait_token(0);
   Clock::time_point last = Clock::now();
   m.prefill_seconds = seconds(start, last);
@@ -54,7 +76,7 @@ BenchMeasurement run_bench(Qwen36Model& model, DecodeState& state, const BenchOp
   for (int64_t index = 1; index <= steps; ++index) {
     // index == steps submits the lookahead, drained after the timer.
     const int from = static_cast<int>(index % 2);
-    model.submit_decode(state, from, 1 - from);
+    model.submit_decode(state, from, 1 - from, choice);
     m.tokens.push_back(model.wait_token(from));
     const Clock::time_point now = Clock::now();
     m.step_seconds.push_back(seconds(last, now));

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,7 +15,13 @@ namespace lily {
 struct BenchOptions {
   int64_t prompt_len = 0;     // > 0
   int64_t decode_steps = 64;  // > 0
+  // The sampling arm: every token (prefill and decode) drawn by Backend::sample with these
+  // parameters instead of the argmax (`lily bench --sampling`: kBenchSampling).
+  std::optional<SamplerParams> sampling;
 };
+
+// The sampling arm's parameters: temperature 1, top_p 0.95, top_k 20, seed 0.
+SamplerParams bench_sampling_params();
 
 struct BenchMeasurement {
   double prefill_seconds = 0;  // prompt in .. first token delivered, next step submitted

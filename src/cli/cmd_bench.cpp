@@ -20,6 +20,9 @@ int cmd_bench(const std::vector<std::string>& argv) {
       {"model", true, "checkpoint directory (required)"},
       {"prompt-len", true, "synthetic prompt length in tokens (required, > 0)"},
       {"decode-steps", true, "measured decode steps (default 64)"},
+      {"sampling", false,
+       "the sampling arm: every token sampled (temperature 1, top_p 0.95, top_k 20, seed 0) "
+       "instead of the argmax"},
       {"json-out", true, "report file (required)"},
       {"device", true, "auto, cpu or cuda (default auto: CUDA when usable, else the CPU)"},
       {"threads", true, "CPU threads (default: all cores; CPU backend only)"},
@@ -37,6 +40,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
     throw InputError("--prompt-len + --decode-steps + 1 = " + std::to_string(capacity) +
                      " exceeds the state limit 262144");
   }
+  if (args.has("sampling")) options.sampling = bench_sampling_params();
   const std::string json_out = args.required("json-out");
   const uint64_t probe_mib = args.uint_or("copy-probe-mib", 512, 256, 65536);
 

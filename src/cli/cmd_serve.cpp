@@ -80,6 +80,9 @@ int cmd_serve(const std::vector<std::string>& argv) {
       {"api-key", true, "require Authorization: Bearer KEY (default: $LILY_API_KEY)"},
       {"no-auth", false, "serve a non-loopback address without an API key"},
       {"read-timeout", true, "seconds a client has to send a whole request (default 30)"},
+      {"stream-buffer", true,
+       "bytes a streamed answer may queue for a slow client before it is cancelled (default "
+       "1048576)"},
       {"strict", false, "Lily's contract exactly: no streaming, greedy only, unknown fields refused"},
       {"sampling-defaults", true,
        "greedy (default) or checkpoint: the checkpoint's generation_config.json fills the sampling "
@@ -141,6 +144,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
   ApiHandler handler(config);
   HttpLimits limits;
   limits.read_timeout = std::chrono::seconds(read_timeout);
+  limits.max_stream_buffer_bytes =
+      static_cast<size_t>(args.uint_or("stream-buffer", 1048576, 1024, uint64_t{1} << 32));
   HttpServer server(handler, limits, write_log_line);
 
   // Bind first (a taken port fails before any loading), then load while /health says so.

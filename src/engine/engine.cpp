@@ -1,7 +1,6 @@
 // The engine loop: bounded FIFO queue, one inference thread, session-cache leases, cancellation.
 #include "engine/engine.h"
 
-#include <algorithm>
 #include <exception>
 #include <span>
 #include <utility>
@@ -26,14 +25,11 @@ bool is_cancelled(const EngineRequest& request) {
 
 Engine::Engine(Qwen36Model& model, SessionCache& cache, size_t queue_capacity,
                const Tokenizer* tokenizer)
-    : model_(model), cache_(cache), tokenizer_(tokenizer), capacity_(queue_capacity) {
-  const auto vocab = static_cast<size_t>(model_.shape().vocab_size);
-  Backend& backend = model_.backend();
-  sampler_.params = backend.alloc_i32(static_cast<size_t>(kSamplerParamWords));
-  sampler_.counts = backend.alloc_i32(vocab);
-  sampler_.prompt_seen = backend.alloc_i32(vocab);
-  sampler_.step = backend.alloc_i32(1);
-  host_prompt_seen_.assign(vocab, 0);
+    : model_(model),
+      cache_(cache),
+      tokenizer_(tokenizer),
+      sampler_(model.backend(), static_cast<int64_t>(model.shape().vocab_size)),
+      capacity_(queue_capacity) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -111,25 +107,6 @@ void Engine::finish(Job& job, EngineResult result) {
   }
 }
 
-void Engine::upload_sampler(const SequenceConfig& config, std::span<const int32_t> prompt) {
-  Backend& backend = model_.backend();
-  SamplerParams params;
-  if (config.sampling) params = *config.sampling;
-  params.top_logprobs = config.top_logprobs;
-  backend.copy_from_host(reinterpret_cast<const int32_t*>(&params),
-                         static_cast<size_t>(kSamplerParamWords), sampler_.params);
-  if (!config.sampling) return;  // logprobs only: the argmax reads nothing else
-  const size_t vocab = host_prompt_seen_.size();
-  std::fill(host_prompt_seen_.begin(), host_prompt_seen_.end(), 0);
-  backend.copy_from_host(host_prompt_seen_.data(), vocab, sampler_.counts);
-  const int32_t zero = 0;
-  backend.copy_from_host(&zero, 1, sampler_.step);
-  for (int32_t id : prompt) {
-    if (id >= 0 && static_cast<size_t>(id) < vocab) host_prompt_seen_[static_cast<size_t>(id)] = 1;
-  }
-  backend.copy_from_host(host_prompt_seen_.data(), vocab, sampler_.prompt_seen);
-}
-
 EngineResult Engine::run(const EngineRequest& request) {
   const auto prompt_size = static_cast<int64_t>(request.prompt.size());
   const int64_t max_tokens = request.sequence.max_tokens;
@@ -158,11 +135,13 @@ EngineResult Engine::run(const EngineRequest& request) {
     options.max_tokens = max_tokens;
     options.stop_tokens = request.sequence.stop_tokens;
     if (request.sequence.sampling || sequence.wants_logprobs()) {
-      upload_sampler(request.sequence, prompt);
+      SamplerParams params = request.sequence.sampling.value_or(SamplerParams{});
+      params.top_logprobs = request.sequence.top_logprobs;
+      sampler_.upload(params, request.sequence.sampling.has_value(), prompt);
     }
-    if (request.sequence.sampling) options.choice.sampler = &sampler_;
+    if (request.sequence.sampling) options.choice.sampler = &sampler_.buffers();
     options.choice.logprobs = sequence.wants_logprobs();
-    options.choice.logprob_params = &sampler_;
+    options.choice.logprob_params = &sampler_.buffers();
     auto emit = [&request, &sequence, &result] {
       SequenceDelta delta = sequence.take_delta();
       if (delta.text.empty() && delta.logprobs.empty()) return;

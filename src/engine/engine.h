@@ -17,6 +17,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "engine/sampler_state.h"
 #include "engine/sequence.h"
 #include "engine/session_cache.h"
 #include "model/qwen36_model.h"
@@ -109,18 +110,14 @@ class Engine {
 
   void loop();
   EngineResult run(const EngineRequest& request);
-  // Writes the request's SamplerParams (and, when it samples, zero counts and step and its
-  // prompt's ids into prompt_seen) into sampler_.
-  void upload_sampler(const SequenceConfig& config, std::span<const int32_t> prompt);
   static void finish(Job& job, EngineResult result);
 
   Qwen36Model& model_;
   SessionCache& cache_;
   const Tokenizer* tokenizer_;
-  // The one running sequence's sampler state in backend memory (params, counts, prompt_seen,
-  // step), uploaded at the start of each request that samples or asks for logprobs.
-  SamplerBuffers sampler_;
-  std::vector<int32_t> host_prompt_seen_;  // [vocab] scratch for the upload
+  // The one running sequence's sampler buffers, uploaded at the start of each request that
+  // samples or asks for logprobs.
+  SamplerState sampler_;
   size_t capacity_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;

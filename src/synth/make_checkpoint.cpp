@@ -34,6 +34,20 @@ std::string shard_name(size_t index, size_t count) {
 
 }  // namespace
 
+std::string synthetic_generation_config_json(uint32_t endoftext_id, uint32_t im_end_id) {
+  // The Qwen3.5/3.6 family's generation_config.json (qwen36-architecture.md §4): sampling on,
+  // temperature 1.0, top_k 20, top_p 0.95; eos both <|im_end|> and <|endoftext|>.
+  OrderedJson out = OrderedJson::object();
+  out["bos_token_id"] = endoftext_id;
+  out["do_sample"] = true;
+  out["eos_token_id"] = OrderedJson::array({im_end_id, endoftext_id});
+  out["pad_token_id"] = endoftext_id;
+  out["temperature"] = 1.0;
+  out["top_k"] = 20;
+  out["top_p"] = 0.95;
+  return out.dump(2) + "\n";
+}
+
 std::string synthetic_config_json(Profile profile, uint32_t endoftext_id, uint32_t im_end_id) {
   const ModelShape s = profile == Profile::tiny ? ModelShape::tiny() : ModelShape::production();
   OrderedJson layer_types = OrderedJson::array();
@@ -121,7 +135,9 @@ MakeCheckpointResult make_checkpoint(const MakeCheckpointOptions& options) {
              synthetic_config_json(options.profile, tokenizer.endoftext_id, tokenizer.im_end_id));
   write_text(out / "tokenizer.json", tokenizer.tokenizer_json);
   write_text(out / "tokenizer_config.json", tokenizer.tokenizer_config_json);
-  result.files = 3;
+  write_text(out / "generation_config.json",
+             synthetic_generation_config_json(tokenizer.endoftext_id, tokenizer.im_end_id));
+  result.files = 4;
 
   // Assign planned entries to shards in checkpoint order (a projection's triple stays
   // together), starting a new shard when the next entry would pass the cap.

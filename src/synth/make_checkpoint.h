@@ -28,12 +28,17 @@ struct MakeCheckpointResult {
 inline constexpr uint64_t kProductionShardBytes = 5'000'000'000ull;
 inline constexpr uint64_t kTinyShardBytes = 4ull << 20;
 
-// Writes config.json, tokenizer.json, tokenizer_config.json, model-0000K-of-0000N.safetensors
+// Writes config.json, tokenizer.json, tokenizer_config.json, generation_config.json (the
+// family's recommended sampling, read by `lily serve --sampling-defaults checkpoint`),
+// model-0000K-of-0000N.safetensors
 // and model.safetensors.index.json. Byte-identical output for the same profile and seed.
 // Throws InputError for a bad output directory, std::runtime_error on I/O failure.
 MakeCheckpointResult make_checkpoint(const MakeCheckpointOptions& options);
 
 // The config.json text the generator writes for a profile (exposed for tests that mutate it).
+// generation_config.json as the Qwen3.6 family ships it, with the checkpoint's token ids.
+std::string synthetic_generation_config_json(uint32_t endoftext_id, uint32_t im_end_id);
+
 std::string synthetic_config_json(Profile profile, uint32_t endoftext_id, uint32_t im_end_id);
 
 }  // namespace lily
