@@ -7,6 +7,12 @@
 #                        sanitizer   compute-sanitizer memcheck on a tiny `lily run --device cuda`
 #                        bench-cuda  the CUDA bench matrix on the full synthetic checkpoint
 #                        bench-cpu   the CPU bench matrix on the host's cores
+#                        server      builds `lily serve` too (Boost from the carried .deb) and runs
+#                                    the stdlib-Python server suites (tests/server: raw HTTP
+#                                    and SSE) against `lily serve --device cuda` on the tiny
+#                                    and the full synthetic checkpoints, then the streaming
+#                                    figure (tools/loadtest/stream_bench.py vs lily bench)
+#                        sampling    lily bench greedy and --sampling at LILY_PROFILE_CONTEXTS
 #                        bench-cpu-tiny  the CPU bench matrix of the tiny profile on one core
 #                                    (LILY_TINY_CONTEXTS, default 256,512,1024,2048; 256 steps)
 #                        profile     Nsight Compute kernel durations of a short full-checkpoint
@@ -20,8 +26,8 @@
 #   LILY_CPU_CONTEXTS  CPU matrix contexts (default 256,512,1024); LILY_THREADS (default 16)
 #   LILY_GTEST_FILTER  gtest filter for cuda_tests (default all)
 # Needs the carried .deps/ (nlohmann-json, utf8proc and GoogleTest unpacked from Debian
-# packages by tools/gpu/fetch-deps.sh), since that machine installs nothing. It has no Boost
-# either, so the server and the rest of the tests are left out (-DLILY_WITH_SERVER=OFF).
+# packages by tools/gpu/fetch-deps.sh, and Boost's .deb), since that machine installs nothing.
+# The server is built only for the server stage (Boost unpacked here first).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 out=${OUT:-/tmp/out}
@@ -43,8 +49,14 @@ has_stage() { [[ ",$stages," == *",$1,"* ]]; }
 } | tee "$out/machine.txt"
 
 start=$(date +%s)
+with_server=OFF
+if has_stage server; then
+  # Boost's headers travel as the .deb (fetch-deps.sh); unpacked once per machine.
+  [ -f "$deps/include/boost/version.hpp" ] || dpkg -x .deps/debs/libboost1.81-dev_*.deb .deps/root
+  with_server=ON
+fi
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_BUILD_TESTS=OFF \
-  -DLILY_BUILD_CUDA_TESTS=ON -DLILY_WITH_SERVER=OFF -DLILY_WITH_CUDA=ON \
+  -DLILY_BUILD_CUDA_TESTS=ON -DLILY_WITH_SERVER=$with_server -DLILY_WITH_CUDA=ON \
   -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$deps" \
   -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json" \
   -DGTest_DIR="$deps/lib/x86_64-linux-gnu/cmake/GTest" >"$out/cmake.log" 2>&1
@@ -103,6 +115,55 @@ if has_stage profile; then
         --json-out "$out/bench-$ctx-$arm.json" 2>&1 | tail -1
     done
   done
+fi
+
+if has_stage sampling; then
+  ensure_full
+  # Greedy and the sampling arm alternately, twice, in one process each (same machine state).
+  for ctx in ${LILY_PROFILE_CONTEXTS//,/ }; do
+    for round in 1 2; do
+      for arm in greedy sampling; do
+        flags=()
+        [ "$arm" = sampling ] && flags=(--sampling)
+        echo -n "ctx $ctx $arm round $round: "
+        timeout 150 "$lily" bench --model "$ckpt" --prompt-len "$ctx" --device cuda "${flags[@]}" \
+          --json-out "$out/bench-$ctx-$arm-$round.json" 2>&1 | tail -1
+      done
+    done
+  done
+fi
+
+if has_stage server; then
+  ensure_full
+  start=$(date +%s)
+  # The suites start their own servers; LILY_SERVE_EXTRA_ARGS is appended to every
+  # `lily serve` they start (tests/server/lily_server_harness.py).
+  for group in ${LILY_SERVER_GROUPS:-sse-format,sse-equivalence,sse-disconnect,validation,output}; do
+    suite=tests/server/test_http_raw.py
+    case $group in sse-*) suite=tests/server/test_sse.py; group=${group#sse-} ;; esac
+    for model in tiny full; do
+      [ "$model" = full ] && [ "$group" != format ] && [ "$group" != equivalence ] && continue
+      model_dir=$tiny; [ "$model" = full ] && model_dir=$ckpt
+      echo -n "server $(basename $suite) $group on $model (cuda): "
+      LILY_SERVE_EXTRA_ARGS="--device cuda" LILY_TEST_MODEL="$model_dir" timeout 300 \
+        python3 "$suite" --lily "$lily" --group "$group" >"$out/server-$group-$model.log" 2>&1 \
+        && echo ok || { echo "FAILED (rc $?)"; tail -15 "$out/server-$group-$model.log"; }
+    done
+  done
+  echo "server suites: $(( $(date +%s) - start )) s"
+  # The streaming figure: one stream at a time through lily serve, and lily bench at 256 in the
+  # same call.
+  port=18431
+  "$lily" serve --model "$ckpt" --device cuda --bind 127.0.0.1:$port --max-seq 4096 \
+    >"$out/serve-full.log" 2>&1 &
+  serve_pid=$!
+  for _ in $(seq 120); do grep -q "serving " "$out/serve-full.log" && break; sleep 1; done
+  timeout 200 python3 tools/loadtest/stream_bench.py --url 127.0.0.1:$port --prompt-words 200 \
+    --max-tokens 256 --runs 6 >"$out/stream-bench.json" 2>"$out/stream-bench.err" || echo "stream bench: rc $?"
+  kill -INT $serve_pid; wait $serve_pid || true
+  grep -h median "$out/stream-bench.json" || tail -5 "$out/stream-bench.err"
+  timeout 150 "$lily" bench --model "$ckpt" --prompt-len 256 --device cuda \
+    --json-out "$out/bench-256-for-stream.json" 2>&1 | tail -1
 fi
 
 if has_stage tests; then
