@@ -1,10 +1,9 @@
-// OpenAI-compatible JSON of the HTTP API: request parsing/validation, budget, responses, errors.
+// OpenAI-compatible JSON of the HTTP API: responses, stream chunks, errors (requests: chat_request.cpp).
 #include "server/openai_types.h"
 
-#include <array>
-#include <limits>
+#include <charconv>
+#include <cmath>
 
-#include "core/error.h"
 #include "core/strict_json.h"
 #include "text/utf8.h"
 
@@ -14,189 +13,92 @@ namespace {
 
 constexpr std::string_view kInvalidRequest = "invalid_request_error";
 constexpr std::string_view kServerError = "server_error";
-constexpr std::string_view kParsePrefix = "parsing chat request: ";
-
-// The fields Lily's ChatRequest accepts, in its declaration order.
-constexpr std::array<std::string_view, 5> kAcceptedFields = {"model", "messages", "max_tokens",
-                                                             "stream", "prompt_cache_key"};
-
 using OrderedJson = nlohmann::ordered_json;
-
-ApiError bad_request(std::string message, std::optional<std::string> param = std::nullopt,
-                     std::optional<std::string> code = std::nullopt) {
-  return ApiError(400, std::move(message), std::string(kInvalidRequest), std::move(param),
-                  std::move(code));
-}
-
-// A step-1 failure (Lily: serde could not deserialize the body into ChatRequest). The detail
-// may quote a value cut in the middle of a character; lossy repair keeps messages valid UTF-8.
-ApiError parse_error(const std::string& detail, std::optional<std::string> param = std::nullopt) {
-  return bad_request(std::string(kParsePrefix) + utf8::lossy(detail), std::move(param));
-}
 
 std::string dump(const OrderedJson& value) {
   return value.dump(-1, ' ', false, OrderedJson::error_handler_t::replace);
 }
 
-std::string in_quotes(std::string_view s) {
-  return "\"" + std::string(s) + "\"";
+// A float log-probability as the JSON number of its shortest decimal form (-0.1f is written
+// -0.1, not -0.10000000149011612); non-finite values as -9999.0, as OpenAI does.
+OrderedJson logprob_value(float value) {
+  if (!std::isfinite(value)) return -9999.0;
+  char buffer[32];
+  const auto written = std::to_chars(buffer, buffer + sizeof(buffer), value);
+  double shortest = static_cast<double>(value);
+  if (written.ec == std::errc()) std::from_chars(buffer, written.ptr, shortest);  // locale-free
+  return shortest;
 }
 
-bool is_accepted_field(std::string_view key) {
-  for (std::string_view field : kAcceptedFields) {
-    if (key == field) return true;
-  }
-  return false;
+OrderedJson token_bytes(std::string_view token) {
+  OrderedJson bytes = OrderedJson::array();
+  for (char c : token) bytes.push_back(static_cast<unsigned>(static_cast<unsigned char>(c)));
+  return bytes;
 }
 
-std::string accepted_fields_list() {
-  std::string out;
-  for (std::string_view field : kAcceptedFields) {
-    if (!out.empty()) out += ", ";
-    out += in_quotes(field);
+// {"content":[{"token","logprob","bytes","top_logprobs":[{"token","logprob","bytes"}]}],
+//  "refusal":null}
+OrderedJson logprobs_json(const std::vector<TokenLogprob>& tokens) {
+  OrderedJson content = OrderedJson::array();
+  for (const TokenLogprob& t : tokens) {
+    OrderedJson top = OrderedJson::array();
+    for (const auto& [text, logprob] : t.top) {
+      OrderedJson alt = OrderedJson::object();
+      alt["token"] = utf8::lossy(text);
+      alt["logprob"] = logprob_value(logprob);
+      alt["bytes"] = token_bytes(text);
+      top.push_back(std::move(alt));
+    }
+    OrderedJson entry = OrderedJson::object();
+    entry["token"] = utf8::lossy(t.token);
+    entry["logprob"] = logprob_value(t.logprob);
+    entry["bytes"] = token_bytes(t.token);
+    entry["top_logprobs"] = std::move(top);
+    content.push_back(std::move(entry));
   }
+  OrderedJson out = OrderedJson::object();
+  out["content"] = std::move(content);
+  out["refusal"] = nullptr;
   return out;
 }
 
-// max_tokens: a JSON integer in [0, 2^64). Fractions (including 128.0 and 1e3), negatives
-// and integers too large for 64 bits (which nlohmann parses as floating point) are refused
-// before any conversion.
-uint64_t parse_max_tokens(const Json& value) {
-  if (value.is_number_unsigned()) return value.get<uint64_t>();
-  if (value.is_number_integer()) {
-    const int64_t v = value.get<int64_t>();
-    if (v >= 0) return static_cast<uint64_t>(v);
-  }
-  throw parse_error("max_tokens must be a non-negative integer (at most 18446744073709551615), "
-                    "found " + describe_json(value),
-                    "max_tokens");
+OrderedJson usage_json(uint64_t prompt_tokens, uint64_t completion_tokens,
+                       uint64_t cached_tokens) {
+  OrderedJson details = OrderedJson::object();
+  details["cached_tokens"] = cached_tokens;
+  OrderedJson usage = OrderedJson::object();
+  usage["prompt_tokens"] = prompt_tokens;
+  usage["completion_tokens"] = completion_tokens;
+  usage["total_tokens"] = prompt_tokens + completion_tokens;
+  usage["prompt_tokens_details"] = std::move(details);
+  return usage;
+}
+
+// id, object, created, model: the same on every chunk of a stream.
+OrderedJson chunk_head(const ChunkContext& context) {
+  OrderedJson out = OrderedJson::object();
+  out["id"] = context.id;
+  out["object"] = "chat.completion.chunk";
+  out["created"] = context.created;
+  out["model"] = context.model;
+  return out;
+}
+
+// A chunk with one choice; null logprobs / finish_reason when not given.
+OrderedJson chunk(const ChunkContext& context, OrderedJson delta, OrderedJson logprobs,
+                  std::optional<std::string_view> finish_reason) {
+  OrderedJson choice = OrderedJson::object();
+  choice["index"] = 0;
+  choice["delta"] = std::move(delta);
+  choice["logprobs"] = std::move(logprobs);
+  choice["finish_reason"] = finish_reason ? OrderedJson(*finish_reason) : OrderedJson(nullptr);
+  OrderedJson out = chunk_head(context);
+  out["choices"] = OrderedJson::array({std::move(choice)});
+  if (context.include_usage) out["usage"] = nullptr;
+  return out;
 }
 
 }  // namespace
-
-ChatRequest parse_chat_request(std::string_view body, const ServerLimits& limits) {
-  if (body.size() > limits.max_body_bytes) throw body_too_large_error(limits.max_body_bytes);
-
-  // Step 1: the body must deserialize into ChatRequest.
-  if (body.substr(0, 3) == "\xEF\xBB\xBF") {
-    throw parse_error("the body starts with a UTF-8 byte order mark; send plain JSON");
-  }
-  if (const size_t bad = utf8::find_invalid(body); bad != std::string_view::npos) {
-    throw parse_error("the body is not valid UTF-8 (first bad byte at offset " +
-                      std::to_string(bad) + ")");
-  }
-  Json root;
-  try {
-    root = parse_strict_json(body, "request body", limits.max_json_depth);
-  } catch (const InputError& error) {
-    throw parse_error(error.what());
-  }
-  if (!root.is_object()) {
-    throw parse_error("the body must be a JSON object, found " + describe_json(root));
-  }
-  // Unknown fields first (nlohmann keeps keys sorted, so the first in byte order is named).
-  for (const auto& [key, value] : root.items()) {
-    if (!is_accepted_field(key)) {
-      throw parse_error("unknown field " + in_quotes(key) + ", expected one of " +
-                            accepted_fields_list(),
-                        key);
-    }
-  }
-  // Then the type of every present field, in declaration order; then missing fields.
-  ChatRequest request;
-  request.max_tokens = limits.default_max_tokens;
-  if (auto it = root.find("model"); it != root.end()) {
-    if (!it->is_string()) {
-      throw parse_error("model must be a string, found " + describe_json(*it), "model");
-    }
-    request.model = it->get<std::string>();
-  }
-  if (auto it = root.find("messages"); it != root.end()) {
-    try {
-      request.messages = parse_chat_messages(*it, "messages");
-    } catch (const InputError& error) {
-      throw parse_error(error.what(), "messages");
-    }
-  }
-  if (auto it = root.find("max_tokens"); it != root.end()) {
-    request.max_tokens = parse_max_tokens(*it);
-    request.max_tokens_given = true;
-  }
-  if (auto it = root.find("stream"); it != root.end()) {
-    if (!it->is_boolean()) {
-      throw parse_error("stream must be true or false, found " + describe_json(*it), "stream");
-    }
-    request.stream = it->get<bool>();
-  }
-  if (auto it = root.find("prompt_cache_key"); it != root.end() && !it->is_null()) {
-    if (!it->is_string()) {
-      throw parse_error("prompt_cache_key must be a string or null, found " + describe_json(*it),
-                        "prompt_cache_key");
-    }
-    request.prompt_cache_key = it->get<std::string>();
-  }
-  if (!root.contains("model")) throw parse_error("missing field \"model\"", "model");
-  if (!root.contains("messages")) throw parse_error("missing field \"messages\"", "messages");
-
-  // Step 2: the model.
-  if (request.model != limits.model_id) {
-    throw bad_request("unknown model " + in_quotes(request.model) + "; this server exposes only " +
-                          limits.model_id,
-                      "model", "model_not_found");
-  }
-  // Step 3: streaming.
-  if (request.stream) throw bad_request("streaming is not supported", "stream");
-  // Steps 4-5: non-empty, last message from the user.
-  try {
-    check_chat_request_messages(request.messages);
-  } catch (const InputError& error) {
-    throw bad_request(error.what(), "messages");
-  }
-  // Step 6: max_tokens > 0.
-  if (request.max_tokens == 0) {
-    throw bad_request("max_tokens must be greater than zero", "max_tokens");
-  }
-  return request;
-}
-
-std::string render_request_prompt(const ChatRequest& request) {
-  try {
-    return render_chat(request.messages);
-  } catch (const InputError& error) {
-    throw bad_request(std::string("rendering chat template: ") + error.what(), "messages");
-  }
-}
-
-uint64_t checked_max_tokens(uint64_t prompt_tokens, uint64_t max_tokens, uint64_t max_seq) {
-  if (prompt_tokens == 0) {
-    throw bad_request("chat template produced an empty prompt", "messages");
-  }
-  constexpr uint64_t kMax = std::numeric_limits<uint64_t>::max();
-  // prompt + max_tokens + 1, each addition checked.
-  if (max_tokens > kMax - prompt_tokens || prompt_tokens + max_tokens == kMax) {
-    throw bad_request("request token count overflow", "max_tokens");
-  }
-  const uint64_t needed = prompt_tokens + max_tokens + 1;
-  if (needed > max_seq) {
-    throw bad_request("request needs " + std::to_string(needed) +
-                          " tokens but server max_seq is " + std::to_string(max_seq),
-                      "messages", "context_length_exceeded");
-  }
-  return max_tokens;
-}
-
-uint64_t clamp_max_seq(uint64_t cli_max_seq, uint64_t declared_max_position_embeddings) {
-  uint64_t max_seq = cli_max_seq;
-  if (declared_max_position_embeddings > 0 && declared_max_position_embeddings < max_seq) {
-    max_seq = declared_max_position_embeddings;
-  }
-  if (max_seq < 2) {
-    throw InputError("max_seq must be at least 2 (--max-seq " + std::to_string(cli_max_seq) +
-                     ", checkpoint max_position_embeddings " +
-                     std::to_string(declared_max_position_embeddings) + ")");
-  }
-  return max_seq;
-}
 
 std::string completion_id(int64_t created, uint64_t n) {
   return "chatcmpl-" + std::to_string(created) + "-" + std::to_string(n);
@@ -217,22 +119,58 @@ std::string completion_response_json(const CompletionResult& result) {
   OrderedJson choice = OrderedJson::object();
   choice["index"] = 0;
   choice["message"] = std::move(message);
+  if (result.mode == ApiMode::openai) {
+    choice["logprobs"] = result.logprobs ? logprobs_json(*result.logprobs) : OrderedJson(nullptr);
+  }
   choice["finish_reason"] = finish_reason_name(result.finish_reason);
-  OrderedJson details = OrderedJson::object();
-  details["cached_tokens"] = result.cached_tokens;
-  OrderedJson usage = OrderedJson::object();
-  usage["prompt_tokens"] = result.prompt_tokens;
-  usage["completion_tokens"] = result.completion_tokens;
-  usage["total_tokens"] = result.prompt_tokens + result.completion_tokens;
-  usage["prompt_tokens_details"] = std::move(details);
   OrderedJson out = OrderedJson::object();
   out["id"] = result.id;
   out["object"] = "chat.completion";
   out["created"] = result.created;
   out["model"] = result.model;
   out["choices"] = OrderedJson::array({std::move(choice)});
-  out["usage"] = std::move(usage);
+  out["usage"] = usage_json(result.prompt_tokens, result.completion_tokens, result.cached_tokens);
   return dump(out);
+}
+
+std::string chunk_role_json(const ChunkContext& context) {
+  OrderedJson delta = OrderedJson::object();
+  delta["role"] = "assistant";
+  delta["content"] = "";
+  return dump(chunk(context, std::move(delta), nullptr, std::nullopt));
+}
+
+std::string chunk_content_json(const ChunkContext& context, std::string_view text,
+                               const std::vector<TokenLogprob>* logprobs) {
+  OrderedJson delta = OrderedJson::object();
+  delta["content"] = std::string(text);
+  return dump(chunk(context, std::move(delta),
+                    logprobs ? logprobs_json(*logprobs) : OrderedJson(nullptr), std::nullopt));
+}
+
+std::string chunk_finish_json(const ChunkContext& context, FinishReason reason) {
+  return dump(chunk(context, OrderedJson::object(), nullptr, finish_reason_name(reason)));
+}
+
+std::string chunk_usage_json(const ChunkContext& context, uint64_t prompt_tokens,
+                             uint64_t completion_tokens, uint64_t cached_tokens) {
+  OrderedJson out = chunk_head(context);
+  out["choices"] = OrderedJson::array();
+  out["usage"] = usage_json(prompt_tokens, completion_tokens, cached_tokens);
+  return dump(out);
+}
+
+std::string sse_frame(std::string_view json) {
+  std::string out;
+  out.reserve(json.size() + 8);
+  out += "data: ";
+  out += json;
+  out += "\n\n";
+  return out;
+}
+
+std::string sse_done() {
+  return "data: [DONE]\n\n";
 }
 
 std::string models_response_json(std::string_view model_id, int64_t created) {
@@ -256,6 +194,10 @@ std::string error_response_json(const ApiError& error) {
   OrderedJson out = OrderedJson::object();
   out["error"] = std::move(inner);
   return dump(out);
+}
+
+std::string sse_error_frame(const ApiError& error) {
+  return sse_frame(error_response_json(error));
 }
 
 ApiError not_found_error() {

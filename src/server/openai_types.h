@@ -1,79 +1,17 @@
-// OpenAI-compatible JSON of the HTTP API: request parsing/validation, budget, responses, errors.
+// OpenAI-compatible JSON of the HTTP API: responses, stream chunks, errors (requests: chat_request.h).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
-#include <exception>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
-#include "text/chat_format.h"
+#include "server/chat_request.h"
 
 namespace lily {
-
-// The one model id the server exposes (lily-reference §6.2).
-inline constexpr std::string_view kServedModelId = "Qwen3.6-35B-A3B";
-
-// Limits that apply while parsing a request body (independent of the model).
-struct ServerLimits {
-  std::string model_id = std::string(kServedModelId);  // `model` must equal this
-  uint64_t max_body_bytes = 1048576;                    // larger bodies: 413
-  int max_json_depth = 16;  // nesting cap; a valid request needs 3 levels
-  uint64_t default_max_tokens = 128;  // used when the body has no `max_tokens`
-};
-
-// A client-visible error: HTTP status plus the OpenAI envelope fields. `param` and `code`
-// serialize as null when absent. Thrown by everything in this header that validates.
-class ApiError : public std::exception {
- public:
-  ApiError(int status_, std::string message_, std::string type_,
-           std::optional<std::string> param_ = std::nullopt,
-           std::optional<std::string> code_ = std::nullopt)
-      : status(status_),
-        message(std::move(message_)),
-        type(std::move(type_)),
-        param(std::move(param_)),
-        code(std::move(code_)) {}
-  const char* what() const noexcept override { return message.c_str(); }
-
-  int status;
-  std::string message;
-  std::string type;  // "invalid_request_error" (4xx) or "server_error"
-  std::optional<std::string> param;
-  std::optional<std::string> code;
-};
-
-// A validated POST /v1/chat/completions body (lily-reference §6.3 steps 1–6 passed).
-struct ChatRequest {
-  std::string model;
-  std::vector<ChatMessage> messages;  // non-empty, last role user
-  uint64_t max_tokens = 128;          // > 0; the default when absent
-  bool max_tokens_given = false;      // whether the body carried `max_tokens`
-  bool stream = false;                // always false once accepted
-  std::optional<std::string> prompt_cache_key;  // absent or null: none
-};
-
-// Parses and validates a chat-completions body in Lily's order (docs/api.md):
-// body size (413), UTF-8, strict JSON (depth cap, duplicate keys), object, unknown fields,
-// field types, missing fields, then model, stream, empty messages, final role, max_tokens 0.
-// Throws ApiError (status 400 or 413) on the first failure.
-ChatRequest parse_chat_request(std::string_view body, const ServerLimits& limits);
-
-// Step 7: the prompt text (history rewrite + template, thinking off). Template errors
-// become ApiError 400 "rendering chat template: ...".
-std::string render_request_prompt(const ChatRequest& request);
-
-// Steps 8–9: given the tokenised prompt length, the requested max_tokens and the server's
-// max_seq, returns the effective max_tokens (Lily: the request's value, unchanged) or throws
-// ApiError 400: empty prompt; prompt + max_tokens + 1 overflowing 64 bits; or
-// prompt + max_tokens + 1 > max_seq ("request needs N tokens but server max_seq is M").
-uint64_t checked_max_tokens(uint64_t prompt_tokens, uint64_t max_tokens, uint64_t max_seq);
-
-// Start-up clamp (lily-reference §6.1): min(cli, declared) when declared > 0, else cli; the
-// result must be >= 2. Throws InputError("max_seq must be at least 2 ...").
-uint64_t clamp_max_seq(uint64_t cli_max_seq, uint64_t declared_max_position_embeddings);
 
 // Completion ids "chatcmpl-<created>-<n>", n a per-process counter starting at `first`.
 // Thread-safe.
@@ -92,6 +30,15 @@ std::string completion_id(int64_t created, uint64_t n);
 enum class FinishReason { stop, length };
 std::string_view finish_reason_name(FinishReason reason);
 
+// One generated token's log-probabilities (the choice's "logprobs" in openai mode).
+struct TokenLogprob {
+  // The token's text as raw bytes: a token can end inside a UTF-8 character, so "token" is
+  // written lossily (U+FFFD) and "bytes" carries the exact bytes.
+  std::string token;
+  float logprob = 0.0f;  // a non-finite value is written as -9999.0 (OpenAI's "very unlikely")
+  std::vector<std::pair<std::string, float>> top;  // (token text, logprob), most likely first
+};
+
 // Everything a 200 chat-completion response carries (lily-reference §6.5).
 struct CompletionResult {
   std::string id;
@@ -102,16 +49,53 @@ struct CompletionResult {
   uint64_t prompt_tokens = 0;
   uint64_t completion_tokens = 0;  // includes the stop token
   uint64_t cached_tokens = 0;
+  // openai: the choice carries "logprobs" (null unless set); strict: Lily's shape, no key.
+  ApiMode mode = ApiMode::openai;
+  std::optional<std::vector<TokenLogprob>> logprobs;  // openai mode only
 };
 
-// Lily's exact field order: id, object, created, model, choices, usage.
+// Field order: id, object, created, model, choices, usage. The choice is
+// {index, message:{role, content}, finish_reason} in strict mode (Lily's exact bytes) and
+// {index, message:{role, content}, logprobs, finish_reason} in openai mode (OpenAI's order);
+// usage is {prompt_tokens, completion_tokens, total_tokens, prompt_tokens_details:{cached_tokens}}.
 std::string completion_response_json(const CompletionResult& result);
+
+// What every chunk of one streamed completion repeats. `include_usage`: the request's
+// stream_options.include_usage (then every chunk but the usage chunk carries "usage":null).
+struct ChunkContext {
+  std::string id;
+  int64_t created = 0;
+  std::string model = std::string(kServedModelId);
+  bool include_usage = false;
+};
+
+// chat.completion.chunk objects (openai mode), each
+//   {"id","object":"chat.completion.chunk","created","model",
+//    "choices":[{"index":0,"delta":{...},"logprobs":...,"finish_reason":...}](,"usage":null)}
+// The first: delta {"role":"assistant","content":""}, logprobs null, finish_reason null.
+std::string chunk_role_json(const ChunkContext& context);
+// Text: delta {"content": text} (invalid UTF-8 becomes U+FFFD); logprobs
+// {"content":[...],"refusal":null} when `logprobs` is given, else null; finish_reason null.
+std::string chunk_content_json(const ChunkContext& context, std::string_view text,
+                               const std::vector<TokenLogprob>* logprobs);
+// The last choice chunk: delta {}, logprobs null, finish_reason "stop" or "length".
+std::string chunk_finish_json(const ChunkContext& context, FinishReason reason);
+// With include_usage, after the finish chunk: "choices":[] and the usage object of
+// completion_response_json.
+std::string chunk_usage_json(const ChunkContext& context, uint64_t prompt_tokens,
+                             uint64_t completion_tokens, uint64_t cached_tokens);
+
+// Server-sent events framing: "data: " + json + "\n\n"; the terminator "data: [DONE]\n\n"; an
+// error after the stream started (then send sse_done()): "data: " + error_response_json + "\n\n".
+std::string sse_frame(std::string_view json);
+std::string sse_done();
 
 // GET /v1/models: {"object":"list","data":[{"id","object":"model","created","owned_by":"lily"}]}.
 std::string models_response_json(std::string_view model_id, int64_t created);
 
 // {"error":{"message","type","param","code"}} (param/code null when absent).
 std::string error_response_json(const ApiError& error);
+std::string sse_error_frame(const ApiError& error);
 
 // The transport-level errors, so that every path uses one envelope (docs/api.md).
 ApiError not_found_error();                         // 404

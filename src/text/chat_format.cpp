@@ -165,6 +165,21 @@ std::vector<ChatMessage> parse_chat_messages(const Json& messages, std::string_v
   return out;
 }
 
+ContentPartKind template_content_part_kind(const Json& part) {
+  // `'k' in item` on a mapping tests for the key; `item.type == 'x'` is false unless "type"
+  // holds exactly that string.
+  const auto type_is = [&](std::string_view type) {
+    const auto it = part.find("type");
+    return it != part.end() && it->is_string() && it->get_ref<const std::string&>() == type;
+  };
+  if (part.contains("image") || part.contains("image_url") || type_is("image")) {  // T8
+    return ContentPartKind::image;
+  }
+  if (part.contains("video") || type_is("video")) return ContentPartKind::video;  // T19
+  if (part.contains("text")) return ContentPartKind::text;                        // T30
+  return ContentPartKind::unexpected;                                              // T32-33
+}
+
 void check_chat_request_messages(const std::vector<ChatMessage>& messages) {
   if (messages.empty()) throw InputError("messages must not be empty");
   if (messages.back().role != ChatRole::user) {

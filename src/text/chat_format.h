@@ -45,6 +45,15 @@ struct ChatTemplateOptions {
 // `where` prefixes error messages ("messages" gives "messages[2].role: ..."). Throws InputError.
 std::vector<ChatMessage> parse_chat_messages(const Json& messages, std::string_view where);
 
+// How the template's render_content macro (T3-41) treats one element of an array `content`,
+// tested in the template's order: an image (T8: key "image" or "image_url", or "type" equal to
+// "image"; rendered as an image pad), a video (T19: key "video" or "type" "video"), text
+// (T30-31: key "text"; renders `item.text`), or none of these (T32-33 raises "Unexpected item
+// type in content."). `part` must be a JSON object. The HTTP API's openai mode renders an
+// array content as the concatenation of its text parts' `text` and refuses the rest.
+enum class ContentPartKind { image, video, text, unexpected };
+ContentPartKind template_content_part_kind(const Json& part);
+
 // The HTTP API's extra rules (lily-reference §6.3 steps 4–5): at least one message, and the
 // last one has role user. render-chat does not apply them. Throws InputError.
 void check_chat_request_messages(const std::vector<ChatMessage>& messages);

@@ -1,4 +1,4 @@
-// Tests for the OpenAI-compatible JSON: request validation (fields, order, limits), budget, responses.
+// Tests for the OpenAI-compatible JSON: strict-mode request validation, budget, responses, chunks.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -18,7 +18,14 @@ using OrderedJson = nlohmann::ordered_json;
 
 constexpr uint64_t kU64Max = std::numeric_limits<uint64_t>::max();
 
-const ServerLimits kLimits{};
+// Every request test in this file runs Lily's contract (`--strict`); chat_request_test.cpp
+// covers openai mode.
+ServerLimits strict_limits() {
+  ServerLimits limits;
+  limits.mode = ApiMode::strict;
+  return limits;
+}
+const ServerLimits kLimits = strict_limits();
 
 // A valid body with `extra` spliced in after the messages (extra starts with a comma).
 std::string body_with(const std::string& extra) {
@@ -105,7 +112,7 @@ TEST(ParseChatRequest, LargeIntegersParseAndAreLeftToTheBudget) {
 }
 
 TEST(ParseChatRequest, LimitsAreConfigurable) {
-  ServerLimits limits;
+  ServerLimits limits = strict_limits();
   limits.model_id = "tiny";
   limits.default_max_tokens = 9;
   const ChatRequest r =
@@ -168,7 +175,7 @@ TEST(ParseChatRequest, RejectsInvalidUtf8) {
 }
 
 TEST(ParseChatRequest, OversizedBodyIs413) {
-  ServerLimits limits;
+  ServerLimits limits = strict_limits();
   limits.max_body_bytes = 64;
   const std::string body = body_with(R"(,"prompt_cache_key":"0123456789012345678901234567"})");
   ASSERT_GT(body.size(), 64U);
@@ -318,7 +325,7 @@ TEST(ValidationOrder, FirstFailureWins) {
           .message.rfind("the final message must have role=user", 0),
       0U);
   // Size (413) before everything; UTF-8 before JSON syntax.
-  ServerLimits small;
+  ServerLimits small = strict_limits();
   small.max_body_bytes = 3;
   EXPECT_EQ(error_of("{{{{", small).status, 413);
   EXPECT_NE(error_of("{\xFF").message.find("UTF-8"), std::string::npos);
@@ -414,6 +421,7 @@ TEST(CompletionId, FormatAndCounter) {
 
 TEST(CompletionResponse, ShapeFieldByField) {
   CompletionResult result;
+  result.mode = ApiMode::strict;
   result.id = "chatcmpl-1700000000-3";
   result.created = 1700000000;
   result.content = "Black and white. \xC3\xA9";
@@ -451,8 +459,27 @@ TEST(CompletionResponse, ShapeFieldByField) {
   EXPECT_EQ(text.find('\n'), std::string::npos);        // compact
 }
 
+TEST(CompletionResponse, StrictModeIsLilysExactBytes) {
+  CompletionResult result;
+  result.mode = ApiMode::strict;
+  result.id = "chatcmpl-1700000000-3";
+  result.created = 1700000000;
+  result.content = "hi";
+  result.prompt_tokens = 27;
+  result.completion_tokens = 160;
+  result.cached_tokens = 5;
+  result.logprobs = std::vector<TokenLogprob>{{"hi", -0.5f, {}}};  // strict: never written
+  EXPECT_EQ(completion_response_json(result),
+            R"({"id":"chatcmpl-1700000000-3","object":"chat.completion","created":1700000000,)"
+            R"("model":"Qwen3.6-35B-A3B","choices":[{"index":0,"message":{"role":"assistant",)"
+            R"("content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":27,)"
+            R"("completion_tokens":160,"total_tokens":187,"prompt_tokens_details":)"
+            R"({"cached_tokens":5}}})");
+}
+
 TEST(CompletionResponse, LengthFinishReason) {
   CompletionResult result;
+  result.mode = ApiMode::strict;
   result.finish_reason = FinishReason::length;
   const Json j = Json::parse(completion_response_json(result));
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
@@ -462,6 +489,7 @@ TEST(CompletionResponse, LengthFinishReason) {
 
 TEST(CompletionResponse, InvalidUtf8ContentIsReplaced) {
   CompletionResult result;
+  result.mode = ApiMode::strict;
   result.content = std::string("ok \xE2\x82") + " then \xFF and \xF0\x9F\x98";  // cut-off chars
   const std::string text = completion_response_json(result);
   const Json j = parse_strict_json(text, "response", 8);  // strict: valid UTF-8 JSON
@@ -470,6 +498,161 @@ TEST(CompletionResponse, InvalidUtf8ContentIsReplaced) {
   EXPECT_NE(content.find("\xEF\xBF\xBD"), std::string::npos);
   EXPECT_NE(content.find(" then "), std::string::npos);
   EXPECT_NE(content.find(" and "), std::string::npos);
+}
+
+// ---- openai mode: chat.completion and chat.completion.chunk (hand-written from OpenAI's
+// documented shapes: choice = index, message, logprobs, finish_reason; chunk = id, object,
+// created, model, choices, usage) ----
+
+TEST(OpenAiCompletionResponse, NullLogprobsInTheChoice) {
+  CompletionResult result{.id = "chatcmpl-1-1",
+                          .created = 1,
+                          .content = "Hi",
+                          .finish_reason = FinishReason::length,
+                          .prompt_tokens = 3,
+                          .completion_tokens = 2,
+                          .cached_tokens = 0,
+                          .mode = ApiMode::openai,
+                          .logprobs = std::nullopt};
+  EXPECT_EQ(CompletionResult{}.mode, ApiMode::openai);  // the default
+  EXPECT_EQ(completion_response_json(result),
+            R"({"id":"chatcmpl-1-1","object":"chat.completion","created":1,)"
+            R"("model":"Qwen3.6-35B-A3B","choices":[{"index":0,"message":{"role":"assistant",)"
+            R"("content":"Hi"},"logprobs":null,"finish_reason":"length"}],"usage":)"
+            R"({"prompt_tokens":3,"completion_tokens":2,"total_tokens":5,)"
+            R"("prompt_tokens_details":{"cached_tokens":0}}})");
+}
+
+TEST(OpenAiCompletionResponse, Logprobs) {
+  CompletionResult result;
+  result.id = "chatcmpl-1-2";
+  result.created = 1;
+  result.content = "Hi";
+  result.prompt_tokens = 3;
+  result.completion_tokens = 1;
+  result.cached_tokens = 2;
+  result.logprobs = std::vector<TokenLogprob>{
+      {"Hi", -0.5f, {{"Hi", -0.5f}, {"Hello", -1.25f}}}};
+  EXPECT_EQ(completion_response_json(result),
+            R"({"id":"chatcmpl-1-2","object":"chat.completion","created":1,)"
+            R"("model":"Qwen3.6-35B-A3B","choices":[{"index":0,"message":{"role":"assistant",)"
+            R"("content":"Hi"},"logprobs":{"content":[{"token":"Hi","logprob":-0.5,)"
+            R"("bytes":[72,105],"top_logprobs":[{"token":"Hi","logprob":-0.5,"bytes":[72,105]},)"
+            R"({"token":"Hello","logprob":-1.25,"bytes":[72,101,108,108,111]}]}],)"
+            R"("refusal":null},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,)"
+            R"("completion_tokens":1,"total_tokens":4,"prompt_tokens_details":)"
+            R"({"cached_tokens":2}}})");
+  // Set but empty (no tokens): an empty content list, not null.
+  result.logprobs = std::vector<TokenLogprob>{};
+  const OrderedJson j = OrderedJson::parse(completion_response_json(result));
+  EXPECT_EQ(j["choices"][0]["logprobs"], OrderedJson::parse(R"({"content":[],"refusal":null})"));
+}
+
+TEST(OpenAiCompletionResponse, LogprobTokensCutInsideACharacterAndOddValues) {
+  CompletionResult result;
+  // "é" split over two tokens; a 3-byte "€" whole; -0.1f written as its shortest decimal;
+  // -inf as -9999.0.
+  result.logprobs = std::vector<TokenLogprob>{
+      {"\xC3", -0.1f, {{"\xC3", -0.1f}, {"\xE2\x82\xAC", -std::numeric_limits<float>::infinity()}}},
+      {"\xA9", 0.0f, {}}};
+  const std::string text = completion_response_json(result);
+  const std::string fffd = "\xEF\xBF\xBD";
+  EXPECT_NE(text.find(R"({"content":[{"token":")" + fffd + R"(","logprob":-0.1,"bytes":[195],)"
+                      R"("top_logprobs":[{"token":")" + fffd + R"(","logprob":-0.1,"bytes":[195]},)"
+                      R"({"token":")" "\xE2\x82\xAC" R"(","logprob":-9999.0,"bytes":[226,130,172]}]},)"
+                      R"({"token":")" + fffd + R"(","logprob":0.0,"bytes":[169],"top_logprobs":[]}],)"
+                      R"("refusal":null})"),
+            std::string::npos)
+      << text;
+  EXPECT_NO_THROW(parse_strict_json(text, "response", 16));
+}
+
+ChunkContext chunk_context(bool include_usage) {
+  ChunkContext context;
+  context.id = "chatcmpl-7-1";
+  context.created = 7;
+  context.include_usage = include_usage;
+  return context;
+}
+
+constexpr const char* kChunkHead =
+    R"({"id":"chatcmpl-7-1","object":"chat.completion.chunk","created":7,)"
+    R"("model":"Qwen3.6-35B-A3B",)";
+
+TEST(StreamChunks, RoleChunk) {
+  EXPECT_EQ(chunk_role_json(chunk_context(false)),
+            std::string(kChunkHead) +
+                R"("choices":[{"index":0,"delta":{"role":"assistant","content":""},)"
+                R"("logprobs":null,"finish_reason":null}]})");
+  EXPECT_EQ(chunk_role_json(chunk_context(true)),
+            std::string(kChunkHead) +
+                R"("choices":[{"index":0,"delta":{"role":"assistant","content":""},)"
+                R"("logprobs":null,"finish_reason":null}],"usage":null})");
+}
+
+TEST(StreamChunks, ContentChunk) {
+  EXPECT_EQ(chunk_content_json(chunk_context(false), "Hel\"lo\n", nullptr),
+            std::string(kChunkHead) +
+                R"("choices":[{"index":0,"delta":{"content":"Hel\"lo\n"},"logprobs":null,)"
+                R"("finish_reason":null}]})");
+  const std::vector<TokenLogprob> logprobs = {{"Hel", -0.25f, {{"Hel", -0.25f}}}};
+  EXPECT_EQ(chunk_content_json(chunk_context(true), "Hel", &logprobs),
+            std::string(kChunkHead) +
+                R"("choices":[{"index":0,"delta":{"content":"Hel"},"logprobs":{"content":)"
+                R"([{"token":"Hel","logprob":-0.25,"bytes":[72,101,108],"top_logprobs":)"
+                R"([{"token":"Hel","logprob":-0.25,"bytes":[72,101,108]}]}],"refusal":null},)"
+                R"("finish_reason":null}],"usage":null})");
+  // Invalid UTF-8 in the text becomes U+FFFD; valid non-ASCII stays raw.
+  const std::string text = chunk_content_json(chunk_context(false), "\xC3\xA9 \xE2\x82", nullptr);
+  EXPECT_NE(text.find("\"delta\":{\"content\":\"\xC3\xA9 \xEF\xBF\xBD\"}"), std::string::npos) << text;
+  EXPECT_NO_THROW(parse_strict_json(text, "chunk", 8));
+}
+
+TEST(StreamChunks, FinishAndUsageChunks) {
+  EXPECT_EQ(chunk_finish_json(chunk_context(false), FinishReason::stop),
+            std::string(kChunkHead) +
+                R"("choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"stop"}]})");
+  EXPECT_EQ(chunk_finish_json(chunk_context(true), FinishReason::length),
+            std::string(kChunkHead) +
+                R"("choices":[{"index":0,"delta":{},"logprobs":null,"finish_reason":"length"}],)"
+                R"("usage":null})");
+  EXPECT_EQ(chunk_usage_json(chunk_context(true), 27, 160, 5),
+            std::string(kChunkHead) +
+                R"("choices":[],"usage":{"prompt_tokens":27,"completion_tokens":160,)"
+                R"("total_tokens":187,"prompt_tokens_details":{"cached_tokens":5}}})");
+  // The usage object is the non-streamed response's.
+  CompletionResult result;
+  result.prompt_tokens = 27;
+  result.completion_tokens = 160;
+  result.cached_tokens = 5;
+  EXPECT_EQ(OrderedJson::parse(completion_response_json(result))["usage"],
+            OrderedJson::parse(chunk_usage_json(chunk_context(true), 27, 160, 5))["usage"]);
+}
+
+TEST(StreamChunks, EveryChunkParsesWithTheSameIdCreatedAndModel) {
+  ChunkContext context = chunk_context(true);
+  context.model = "tiny";
+  for (const std::string& text :
+       {chunk_role_json(context), chunk_content_json(context, "x", nullptr),
+        chunk_finish_json(context, FinishReason::stop), chunk_usage_json(context, 1, 2, 0)}) {
+    const OrderedJson j = OrderedJson::parse(text);
+    std::vector<std::string> keys;
+    for (const auto& [key, value] : j.items()) keys.push_back(key);
+    EXPECT_EQ(keys, (std::vector<std::string>{"id", "object", "created", "model", "choices",
+                                              "usage"}));
+    EXPECT_EQ(j["id"], "chatcmpl-7-1");
+    EXPECT_EQ(j["created"], 7);
+    EXPECT_EQ(j["model"], "tiny");
+  }
+}
+
+TEST(StreamChunks, SseFraming) {
+  EXPECT_EQ(sse_frame(R"({"a":1})"), "data: {\"a\":1}\n\n");
+  EXPECT_EQ(sse_done(), "data: [DONE]\n\n");
+  EXPECT_EQ(sse_error_frame(internal_error()),
+            R"(data: {"error":{"message":"internal server error","type":"server_error",)"
+            R"("param":null,"code":null}})"
+            "\n\n");
 }
 
 TEST(ModelsResponse, ExactLilyShape) {
