@@ -313,5 +313,28 @@ TEST(ChatFormatErrors, RequestRules) {
   EXPECT_NO_THROW(render_chat({usr("q"), asst("a")}));
 }
 
+// render_content's branches (T8, T19, T30, T32), tested in the template's order.
+TEST(ChatFormat, ContentPartKinds) {
+  const auto kind = [](const char* part) {
+    return template_content_part_kind(parse_strict_json(part, "part", 8));
+  };
+  EXPECT_EQ(kind(R"({"type":"text","text":"x"})"), ContentPartKind::text);
+  EXPECT_EQ(kind(R"({"text":"x"})"), ContentPartKind::text);  // the type is not read
+  EXPECT_EQ(kind(R"({"type":"input_audio","text":"x"})"), ContentPartKind::text);
+  EXPECT_EQ(kind(R"({"type":"image_url","image_url":{"url":"u"}})"), ContentPartKind::image);
+  EXPECT_EQ(kind(R"({"type":"image"})"), ContentPartKind::image);
+  EXPECT_EQ(kind(R"({"image":"x.png"})"), ContentPartKind::image);
+  // An image key wins over text and video; a video key over text.
+  EXPECT_EQ(kind(R"({"type":"text","text":"x","image_url":"u"})"), ContentPartKind::image);
+  EXPECT_EQ(kind(R"({"video":"v","image":"i"})"), ContentPartKind::image);
+  EXPECT_EQ(kind(R"({"type":"text","text":"x","video":"v"})"), ContentPartKind::video);
+  EXPECT_EQ(kind(R"({"type":"video"})"), ContentPartKind::video);
+  // "type" compares as a string: a non-string type matches nothing.
+  EXPECT_EQ(kind(R"({"type":["image"]})"), ContentPartKind::unexpected);
+  EXPECT_EQ(kind(R"({"type":"input_audio","input_audio":{}})"), ContentPartKind::unexpected);
+  EXPECT_EQ(kind(R"({"type":"refusal","refusal":"no"})"), ContentPartKind::unexpected);
+  EXPECT_EQ(kind(R"({})"), ContentPartKind::unexpected);
+}
+
 }  // namespace
 }  // namespace lily
