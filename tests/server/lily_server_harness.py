@@ -9,6 +9,10 @@
 * `RawConnection` speaks HTTP/1.1 over a plain socket: it sends exactly the bytes a test gives
   it and parses responses itself (status line, headers, Content-Length or chunked body,
   interim 1xx), so malformed, pipelined and half-sent requests can be tested.
+* `EventStream` reads a `text/event-stream` response (openai mode's `stream: true`) one HTTP
+  chunk and one `data: ...` event at a time, keeping every raw byte for assertions.
+* `LilyServer(..., strict=True)` runs `lily serve --strict` (Lily's contract exactly); the
+  default is the server's default, openai mode.
 """
 
 from __future__ import annotations
@@ -120,8 +124,9 @@ class RawConnection:
         data, self.buffer = self.buffer[:n], self.buffer[n:]
         return data
 
-    def read_response(self, head_request: bool = False) -> Response:
-        """Reads one final response (skipping and recording interim 1xx responses)."""
+    def read_head(self) -> Response:
+        """Reads the head of one final response (skipping and recording interim 1xx ones);
+        the body is left in the connection."""
         interim = []
         while True:
             head = self._read_until(b"\r\n\r\n")
@@ -140,10 +145,27 @@ class RawConnection:
             if 100 <= status < 200:
                 interim.append(status)
                 continue
-            break
-        response = Response(status, reason, version, headers, b"", head, interim)
-        # Every final response of this server is JSON (docs/api.md: "All bodies are
-        # application/json"), errors included: checked here so that no test can forget it.
+            return Response(status, reason, version, headers, b"", head, interim)
+
+    def read_chunk(self) -> bytes | None:
+        """One chunk of a chunked body: its data, or None for the last (zero-size) chunk."""
+        size_line = self._read_until(b"\r\n")
+        size = int(size_line.split(b";")[0].strip(), 16)
+        if size == 0:
+            self._read_until(b"\r\n")  # no trailers expected
+            return None
+        data = self._read_exact(size)
+        if self._read_exact(2) != b"\r\n":
+            raise AssertionError(f"chunk of {size} bytes not followed by CRLF")
+        return data
+
+    def read_response(self, head_request: bool = False) -> Response:
+        """Reads one final response (skipping and recording interim 1xx responses)."""
+        response = self.read_head()
+        head, status = response.raw_head, response.status
+        # Every final response of this server that is not a stream is JSON (docs/api.md: "All
+        # JSON bodies are compact UTF-8"), errors included: checked here so that no test can
+        # forget it. Streams are read with EventStream.
         if response.header_count("Content-Type") != 1 or \
                 response.header("Content-Type") != "application/json":
             raise AssertionError(f"response without exactly one Content-Type: application/json: "
@@ -154,13 +176,10 @@ class RawConnection:
         if (response.header("Transfer-Encoding") or "").lower() == "chunked":
             body = b""
             while True:
-                size_line = self._read_until(b"\r\n")
-                size = int(size_line.split(b";")[0].strip(), 16)
-                if size == 0:
-                    self._read_until(b"\r\n")  # no trailers expected
+                chunk = self.read_chunk()
+                if chunk is None:
                     break
-                body += self._read_exact(size)
-                self._read_exact(2)
+                body += chunk
             response.body = body
         elif length is not None:
             response.body = self._read_exact(int(length))
@@ -193,6 +212,60 @@ class RawConnection:
             if not chunk:
                 return received
             received += chunk
+
+
+class EventStream:
+    """A server-sent-events response read from a RawConnection whose head has been read.
+
+    The body must be chunked (HTTP/1.1) and consist only of `data: <payload>\n\n` events (no
+    comments, no other fields, no CR). `next_event()` returns one payload at a time (bytes),
+    None after the last chunk; `chunks` keeps every HTTP chunk as received and `events` every
+    payload so far."""
+
+    EVENT = re.compile(rb"data: ([^\n]*)\n\n")
+
+    def __init__(self, conn: RawConnection, response: Response):
+        if response.header("Content-Type") != "text/event-stream" or \
+                response.header_count("Content-Type") != 1:
+            raise AssertionError(f"not exactly one Content-Type: text/event-stream: "
+                                 f"{response.raw_head!r}")
+        if (response.header("Transfer-Encoding") or "").lower() != "chunked" or \
+                response.header("Content-Length") is not None:
+            raise AssertionError(f"a stream must be chunked without Content-Length: "
+                                 f"{response.raw_head!r}")
+        self.conn = conn
+        self.response = response
+        self.pending = b""
+        self.chunks: list[bytes] = []
+        self.events: list[bytes] = []
+        self.ended = False
+
+    def next_event(self) -> bytes | None:
+        while True:
+            match = self.EVENT.match(self.pending)
+            if match:
+                self.pending = self.pending[match.end():]
+                self.events.append(match.group(1))
+                return match.group(1)
+            if self.pending and not b"data: ".startswith(self.pending[:6]):
+                raise AssertionError(f"not an SSE data event: {self.pending[:200]!r}")
+            if self.ended:
+                if self.pending:
+                    raise AssertionError(f"stream ended inside an event: {self.pending!r}")
+                return None
+            chunk = self.conn.read_chunk()
+            if chunk is None:
+                self.ended = True
+                continue
+            self.chunks.append(chunk)
+            self.pending += chunk
+
+    def read_all(self) -> list[bytes]:
+        """Every remaining event payload, up to the end of the body."""
+        out = []
+        while (event := self.next_event()) is not None:
+            out.append(event)
+        return out
 
 
 def request_bytes(method: str, path: str, body: bytes | str | None = None,
@@ -311,9 +384,12 @@ class LilyServer:
     `self.lines` (guarded by `self.cond`)."""
 
     def __init__(self, lily: str, model: str, *args: str, bind: str = "127.0.0.1:0",
-                 env: dict[str, str] | None = None):
+                 env: dict[str, str] | None = None, strict: bool = False):
         self.lily = lily
         self.argv = [lily, "serve", "--model", model, "--bind", bind, *args]
+        self.strict = strict or "--strict" in args
+        if strict:  # Lily's contract exactly (unknown fields refused, no streaming, greedy)
+            self.argv.append("--strict")
         self.env = env
         self.lines: list[str] = []
         self.cond = threading.Condition()
@@ -339,6 +415,10 @@ class LilyServer:
             self.port = int(match.group(1))
             ready = self.wait_line(SERVING, timeout=timeout)
             assert int(ready.group(1)) == self.port, self.log_text()
+            # The serving line names the API mode: a test of one mode never runs against the
+            # other by accident.
+            mode = "strict" if self.strict else "openai"
+            assert f", {mode} API, " in ready.string, (mode, ready.string)
         return self
 
     def _read_stderr(self):

@@ -18,6 +18,11 @@ what decides those tests is not timing alone but the log (499 instead of 200, 42
 the long request's 200). Waits before acting on a running request are at most one second,
 far below any long request's duration.
 
+Every server here runs `lily serve --strict`: these tests are Perplexity Lily's contract (unknown
+fields refused, no streaming, greedy, Lily's response bytes), and the transport, auth, queue,
+disconnect and shutdown behaviour they check is common to both API modes. The default
+(openai) mode and its streams are tested in test_sse.py.
+
 Regression tests for server bugs these tests found carry a "REGRESSION" comment.
 """
 
@@ -93,14 +98,14 @@ def tearDownModule():  # noqa: N802 (unittest's name)
 
 
 class ServerTest(unittest.TestCase):
-    """One `lily serve` per class, started with SERVER_ARGS."""
+    """One `lily serve --strict` per class, started with SERVER_ARGS."""
 
     SERVER_ARGS: tuple[str, ...] = ("--threads", "1", "--max-seq", "512")
     server: LilyServer
 
     @classmethod
     def setUpClass(cls):
-        cls.server = LilyServer(LILY, checkpoint_dir(), *cls.SERVER_ARGS).start()
+        cls.server = LilyServer(LILY, checkpoint_dir(), *cls.SERVER_ARGS, strict=True).start()
 
     @classmethod
     def tearDownClass(cls):
@@ -719,7 +724,7 @@ class TransportTests(ServerTest):
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
         if soft < 1200:
             self.skipTest(f"RLIMIT_NOFILE {soft} is too low for 513 connections on both sides")
-        server = LilyServer(LILY, checkpoint_dir(), "--threads", "1").start()
+        server = LilyServer(LILY, checkpoint_dir(), "--threads", "1", strict=True).start()
         idle = []
         try:
             idle = [socket.create_connection(("127.0.0.1", server.port), timeout=30)
@@ -793,7 +798,8 @@ class AuthTests(ServerTest):
             self.assertEqual((response.status, response.json()), (200, {"status": "ok"}))
 
     def test_non_loopback_bind_needs_a_key(self):
-        result = subprocess.run([LILY, "serve", "--model", checkpoint_dir(), "--bind", "0.0.0.0:0"],
+        result = subprocess.run([LILY, "serve", "--strict", "--model", checkpoint_dir(), "--bind",
+                                 "0.0.0.0:0"],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, timeout=60,
                                 env={k: v for k, v in os.environ.items() if k != "LILY_API_KEY"})
@@ -802,7 +808,7 @@ class AuthTests(ServerTest):
         self.assertRegex(stderr, r"(?m)^error: .*0\.0\.0\.0:0.*--api-key")
         self.assertNotIn("serving ", stderr)
         # Both --api-key and --no-auth: a usage error too.
-        result = subprocess.run([LILY, "serve", "--model", checkpoint_dir(), "--bind",
+        result = subprocess.run([LILY, "serve", "--strict", "--model", checkpoint_dir(), "--bind",
                                  "127.0.0.1:0", "--api-key", "k", "--no-auth"],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, timeout=60)
@@ -811,7 +817,7 @@ class AuthTests(ServerTest):
 
     def test_non_loopback_bind_with_no_auth_serves(self):
         server = LilyServer(LILY, checkpoint_dir(), "--threads", "1", "--no-auth",
-                            bind="0.0.0.0:0")
+                            bind="0.0.0.0:0", strict=True)
         server.start(wait_ready=False)
         try:
             match = server.wait_line(r"^listening on http://0\.0\.0\.0:(\d+) ", timeout=60)
@@ -824,7 +830,7 @@ class AuthTests(ServerTest):
 
     def test_key_from_environment(self):
         server = LilyServer(LILY, checkpoint_dir(), "--threads", "1",
-                            env={"LILY_API_KEY": "from-env"}).start()
+                            env={"LILY_API_KEY": "from-env"}, strict=True).start()
         try:
             with server.connect() as conn:
                 conn.send(request_bytes("GET", "/v1/models"))
@@ -1022,7 +1028,7 @@ class ShutdownTests(LongRequestTest):
     MEASURE_REFERENCE = False
 
     def test_sigterm_finishes_the_request_in_flight(self):
-        server = LilyServer(LILY, checkpoint_dir(), *self.SERVER_ARGS).start()
+        server = LilyServer(LILY, checkpoint_dir(), *self.SERVER_ARGS, strict=True).start()
         try:
             self.server, saved = server, self.server
             conn, thread, long_result = self.start_long(seed=6)
@@ -1075,7 +1081,7 @@ class ShutdownTests(LongRequestTest):
             server.stop()
 
     def test_sigint_when_idle(self):
-        server = LilyServer(LILY, checkpoint_dir(), "--threads", "1").start()
+        server = LilyServer(LILY, checkpoint_dir(), "--threads", "1", strict=True).start()
         try:
             server.signal(signal.SIGINT)
             self.assertEqual(server.wait_exit(30), 0)
@@ -1089,7 +1095,7 @@ class ShutdownTests(LongRequestTest):
             server.stop()
 
     def test_second_signal_exits_at_once(self):
-        server = LilyServer(LILY, checkpoint_dir(), *self.SERVER_ARGS).start()
+        server = LilyServer(LILY, checkpoint_dir(), *self.SERVER_ARGS, strict=True).start()
         try:
             self.server, saved = server, self.server
             conn, thread, long_result = self.start_long(seed=7)
