@@ -1,4 +1,4 @@
-// OpenAI-client conformance of lily serve --api-key: the right key works, a wrong or missing one is 401 (AuthenticationError).
+// OpenAI-client conformance of lily serve --api-key (on --strict; common to both API modes): the right key works, a wrong or missing one is 401 (AuthenticationError).
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { OpenAI, MODEL_ID, makeCheckpoint, startServer, rejection } from './lib.mjs';
@@ -28,7 +28,7 @@ describe('a server started with --api-key', () => {
 
   before(async () => {
     ckpt = makeCheckpoint(1);
-    server = await startServer(ckpt.dir, ['--api-key', KEY]);
+    server = await startServer(ckpt.dir, ['--api-key', KEY], { strict: true });
   });
   after(async () => {
     if (server) {

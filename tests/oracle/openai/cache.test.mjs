@@ -1,4 +1,4 @@
-// OpenAI-client conformance of lily serve's session prefix cache: usage.prompt_tokens_details.cached_tokens, prompt_cache_key steering, LRU eviction.
+// OpenAI-client conformance of lily serve's session prefix cache (on --strict; common to both API modes): usage.prompt_tokens_details.cached_tokens, prompt_cache_key steering, LRU eviction.
 //
 // The expected cached_tokens come from lily-reference §7-§8.3 and nothing the server says:
 //   * an entry holds the prompt plus the generated tokens that were fed back: all of them
@@ -34,7 +34,7 @@ after(async () => {
 // A fresh server for one scenario (a fresh, empty cache); always stopped, and also by the
 // file's after hook if anything escapes.
 async function withServer(fn) {
-  const server = await startServer(ckpt.dir);
+  const server = await startServer(ckpt.dir, [], { strict: true });
   servers.add(server);
   try {
     return await fn(server.client(), server);

@@ -1,4 +1,4 @@
-// OpenAI-client conformance of lily serve: completion shape, the transformers golden through the API, /v1/models and 404s.
+// OpenAI-client conformance of lily serve --strict: completion shape (Lily's bytes), the transformers golden through the API, /v1/models and 404s.
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import {
@@ -63,7 +63,7 @@ describe('chat completion through the OpenAI client (tiny seed-1 checkpoint)', (
   before(async () => {
     ckpt = makeCheckpoint(1);
     tok = hfTokenizer(ckpt.dir);
-    server = await startServer(ckpt.dir);
+    server = await startServer(ckpt.dir, [], { strict: true });
     client = server.client();
   });
   after(async () => {

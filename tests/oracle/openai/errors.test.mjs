@@ -1,4 +1,7 @@
-// OpenAI-client conformance of lily serve: every refused field and value is a 400 the client raises as BadRequestError, with the OpenAI envelope.
+// OpenAI-client conformance of lily serve --strict: every refused field and value is a 400 the client raises as BadRequestError, with the OpenAI envelope.
+//
+// Strict mode is Lily's contract (unknown fields refused, no streaming); the default openai
+// mode's refusals are in sampling.test.mjs and tests/server/test_sse.py.
 //
 // Expected statuses, params, codes and messages are docs/api.md's validation table (Lily's
 // order, lily-reference §6.3) and its error envelope; the prompt lengths behind the budget
@@ -51,7 +54,7 @@ describe('refused requests through the OpenAI client', () => {
     ckpt = makeCheckpoint(1);
     tok = hfTokenizer(ckpt.dir);
     userPromptTokens = (await promptIds(tok, USER)).length;
-    server = await startServer(ckpt.dir, ['--max-seq', String(MAX_SEQ)]);
+    server = await startServer(ckpt.dir, ['--max-seq', String(MAX_SEQ)], { strict: true });
     client = server.client();
   });
   after(async () => {

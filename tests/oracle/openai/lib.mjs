@@ -123,10 +123,14 @@ function serverEnv() {
   return env;
 }
 
-// Starts `lily serve --model DIR --bind 127.0.0.1:0 --threads 2 ARGS...` and resolves once the
-// "serving ... on http://127.0.0.1:PORT" line is printed. Every stderr line is kept in `lines`.
-export async function startServer(model, args = [], { readyTimeoutMs = 60000 } = {}) {
+// Starts `lily serve --model DIR --bind 127.0.0.1:0 --threads 2 ARGS...` (with `strict: true`
+// also `--strict`: Lily's contract exactly, docs/api.md; otherwise the default openai mode)
+// and resolves once the "serving ... on http://127.0.0.1:PORT" line is printed, which must
+// name that mode. Every stderr line is kept in `lines`.
+export async function startServer(model, args = [], { readyTimeoutMs = 60000, strict = false } = {}) {
   const argv = ['serve', '--model', model, '--bind', '127.0.0.1:0', '--threads', '2', ...args];
+  if (strict) argv.push('--strict');
+  const mode = strict || args.includes('--strict') ? 'strict' : 'openai';
   const proc = spawn(config.lily, argv, { stdio: ['ignore', 'ignore', 'pipe'], env: serverEnv() });
   live.add(proc);
   const lines = [];
@@ -151,7 +155,9 @@ export async function startServer(model, args = [], { readyTimeoutMs = 60000 } =
       const m = /^serving Qwen3\.6-35B-A3B on http:\/\/127\.0\.0\.1:(\d+) \(/.exec(line);
       if (m) {
         clearTimeout(timer);
-        resolve(Number(m[1]));
+        // A test of one API mode must never run against the other by accident.
+        if (line.includes(`, ${mode} API, `)) resolve(Number(m[1]));
+        else reject(new Error(`expected the ${mode} API, the server says: ${line}`));
       }
     });
     exitPromise.then((e) => {

@@ -1,4 +1,4 @@
-// OpenAI-client conformance of lily serve's transport: a completion whose headers and body arrive as two TCP writes (as the client's fetch sends them) is answered at once, every time.
+// OpenAI-client conformance of lily serve's transport (on --strict; common to both API modes): a completion whose headers and body arrive as two TCP writes (as the client's fetch sends them) is answered at once, every time.
 //
 // Regression test for a bug these tests found (fixed in src/server/http_server.cpp): the
 // disconnect watch armed while the engine works peeked with a *blocking* recv(MSG_PEEK).
@@ -52,7 +52,7 @@ describe('transport: responses are written as soon as they are ready', () => {
 
   before(async () => {
     ckpt = makeCheckpoint(1);
-    server = await startServer(ckpt.dir);
+    server = await startServer(ckpt.dir, [], { strict: true });
   });
   after(async () => {
     if (server) {
