@@ -4,7 +4,8 @@
 #   tools/fuzz-smoke.sh                 20 s per target
 #   FUZZ_SECONDS=300 tools/fuzz-smoke.sh
 #
-# Environment: FUZZ_SECONDS (per target, default 20), FUZZ_BUILD_DIR (default
+# Environment: FUZZ_SECONDS (per target, default 20), FUZZ_TARGETS (space-separated subset of
+# the targets to run, default all), FUZZ_BUILD_DIR (default
 # <repo>/build-fuzz), FUZZ_JOBS (build parallelism, default 2), CC/CXX (default clang,
 # clang++). Seeds are generated from a tiny synthetic checkpoint at run time; inputs the
 # fuzzer finds go to $FUZZ_BUILD_DIR/fuzz-work/corpus/<target>, crashes to
@@ -16,7 +17,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${FUZZ_BUILD_DIR:-$root/build-fuzz}
 seconds=${FUZZ_SECONDS:-20}
 jobs=${FUZZ_JOBS:-2}
-targets=(fuzz_safetensors_header fuzz_safetensors_index fuzz_model_config)
+read -r -a targets <<<"${FUZZ_TARGETS:-fuzz_safetensors_header fuzz_safetensors_index fuzz_model_config fuzz_chat_request}"
 
 echo "== configure and build ($build)"
 mkdir -p "$build"
@@ -34,11 +35,13 @@ echo "== seeds"
 declare -A seeds=(
   [fuzz_safetensors_header]=header
   [fuzz_safetensors_index]=index
-  [fuzz_model_config]=config)
+  [fuzz_model_config]=config
+  [fuzz_chat_request]=chat)
 declare -A dicts=(
   [fuzz_safetensors_header]=safetensors_header.dict
   [fuzz_safetensors_index]=safetensors_index.dict
-  [fuzz_model_config]=model_config.dict)
+  [fuzz_model_config]=model_config.dict
+  [fuzz_chat_request]=chat_request.dict)
 
 failed=0
 summary=()

@@ -1,4 +1,4 @@
-// Writes the fuzz seed corpora, derived from a freshly generated tiny checkpoint.
+// Writes the fuzz seed corpora: from a freshly generated tiny checkpoint, and request bodies.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -59,6 +59,36 @@ bool write_small_shard(const lily::MappedFile& shard, const std::string& file, s
   return true;
 }
 
+// Chat-completions bodies for fuzz_chat_request: each mode's accepted shapes and a few
+// refusals, so that the fuzzer starts from every branch's neighbourhood.
+constexpr const char* kChatSeeds[] = {
+    R"({"model":"Qwen3.6-35B-A3B","messages":[{"role":"user","content":"hi"}]})",
+    R"({"model":"Qwen3.6-35B-A3B","messages":[{"role":"system","content":"be brief"},)"
+    R"({"role":"user","content":"a"},{"role":"assistant","content":"b"},)"
+    R"({"role":"user","content":"c"}],"max_tokens":16,"stream":false,"prompt_cache_key":"k"})",
+    R"({"model":"Qwen3.6-35B-A3B","messages":[{"role":"user","content":"hi"}],"stream":true,)"
+    R"("stream_options":{"include_usage":true,"continuous_usage_stats":false},"n":1,)"
+    R"("max_completion_tokens":32,"temperature":0.7,"top_p":0.8,"top_k":20,"min_p":0,)"
+    R"("presence_penalty":1.5,"frequency_penalty":0,"repetition_penalty":1.05,"seed":-1,)"
+    R"("logit_bias":{"0":-100,"42":5.5},"stop":["
+
+","END"],"logprobs":true,"top_logprobs":5,)"
+    R"("user":{"id":"u"},"metadata":{"a":"b"},"store":false,"service_tier":"auto",)"
+    R"("parallel_tool_calls":false,"tools":[],"tool_choice":"auto","reasoning_effort":"none",)"
+    R"("response_format":{"type":"text"},"modalities":["text"],)"
+    R"("chat_template_kwargs":{"enable_thinking":false,"preserve_thinking":true},"x":1})",
+    R"({"model":"Qwen3.6-35B-A3B","messages":[{"role":"system","content":[{"type":"text",)"
+    R"("text":"s"}]},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text",)"
+    R"("text":"b","cache_control":{"type":"ephemeral"}}],"name":"bob"},{"role":"assistant",)"
+    R"("content":null,"reasoning_content":"r","refusal":null,"tool_calls":[]},{"role":"user",)"
+    R"("content":"<tool_response>x</tool_response>"}]})",
+    R"({"model":"Qwen3.6-35B-A3B","messages":[{"role":"user","content":[{"type":"image_url",)"
+    R"("image_url":{"url":"data:,"}}]},{"role":"tool","tool_call_id":"c","content":"r"}],)"
+    R"("tools":[{"type":"function","function":{"name":"f","parameters":{}}}],)"
+    R"("tool_choice":"required","response_format":{"type":"json_schema"}})",
+    R"({"model":"gpt-4o","messages":[],"max_tokens":0,"max_completion_tokens":1,"top_logprobs":1})",
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -75,7 +105,12 @@ int main(int argc, char** argv) {
   options.out_dir = ckpt.string();
   lily::make_checkpoint(options);
 
-  for (const char* corpus : {"header", "index", "config"}) fs::create_directories(out / corpus);
+  for (const char* corpus : {"header", "index", "config", "chat"}) {
+    fs::create_directories(out / corpus);
+  }
+  for (size_t i = 0; i < std::size(kChatSeeds); ++i) {
+    write_file(out / "chat" / ("body-" + std::to_string(i) + ".json"), kChatSeeds[i]);
+  }
   // config.json: the tiny file as written, and the production shape's text.
   write_file(out / "config" / "tiny.json", read_file(ckpt / "config.json"));
   write_file(out / "config" / "production.json",
