@@ -73,8 +73,10 @@ uint64_t parse_max_tokens(const Json& value, const std::string& name) {
     const int64_t v = value.get<int64_t>();
     if (v >= 0) return static_cast<uint64_t>(v);
   }
-  throw parse_error(name + " must be a non-negative integer (at most 18446744073709551615), "
-                           "found " + describe_json(value),
+  throw parse_error(name +
+                        " must be a non-negative integer (at most 18446744073709551615), "
+                        "found " +
+                        describe_json(value),
                     name);
 }
 
@@ -118,9 +120,8 @@ ChatRequest parse_strict(const Json& root, const ServerLimits& limits) {
   // Unknown fields first (nlohmann keeps keys sorted, so the first in byte order is named).
   for (const auto& [key, value] : root.items()) {
     if (!is_strict_field(key)) {
-      throw parse_error("unknown field " + in_quotes(key) + ", expected one of " +
-                            strict_fields_list(),
-                        key);
+      throw parse_error(
+          "unknown field " + in_quotes(key) + ", expected one of " + strict_fields_list(), key);
     }
   }
   // Then the type of every present field, in declaration order; then missing fields.
@@ -159,10 +160,10 @@ ChatRequest parse_strict(const Json& root, const ServerLimits& limits) {
   if (!root.contains("model")) throw parse_error("missing field \"model\"", "model");
   if (!root.contains("messages")) throw parse_error("missing field \"messages\"", "messages");
 
-  check_model(request, limits);                                                      // step 2
+  check_model(request, limits);                                                   // step 2
   if (request.stream) throw bad_request("streaming is not supported", "stream");  // step 3
-  check_messages(request);                                                           // steps 4-5
-  if (request.max_tokens == 0) {                                                     // step 6
+  check_messages(request);                                                        // steps 4-5
+  if (request.max_tokens == 0) {                                                  // step 6
     throw bad_request("max_tokens must be greater than zero", "max_tokens");
   }
   return request;
@@ -229,8 +230,7 @@ std::optional<double> number_field(const Json& root, const std::string& name, Ra
     const double v = value->get<double>();
     if ((range.lo_open ? v > range.lo : v >= range.lo) && v <= range.hi) return v;
   }
-  throw parse_error(name + " must be a number in " + range.text + ", found " +
-                        describe(*value),
+  throw parse_error(name + " must be a number in " + range.text + ", found " + describe(*value),
                     name);
 }
 
@@ -300,9 +300,8 @@ std::string parse_content_parts(const Json& parts, const std::string& at,
     const Json& part = parts[j];
     const std::string pat = at + "[" + std::to_string(j) + "]";
     if (!part.is_object()) {
-      throw parse_error(pat + " must be a content part object {\"type\", ...}, found " +
-                            describe(part),
-                        pat);
+      throw parse_error(
+          pat + " must be a content part object {\"type\", ...}, found " + describe(part), pat);
     }
     const auto type_it = part.find("type");
     if (type_it == part.end()) throw parse_error(pat + ": missing field \"type\"", pat + ".type");
@@ -345,12 +344,15 @@ std::string parse_content_parts(const Json& parts, const std::string& at,
       refuse("file");
     } else if (type == "refusal") {
       // An assistant refusal part has no "text": the template raises "Unexpected item type".
-      refuse_once(refusal, bad_request(pat + ": content parts of type \"refusal\" are not "
-                                             "supported (the chat template renders text parts only)",
-                                       pat));
+      refuse_once(refusal,
+                  bad_request(pat + ": content parts of type \"refusal\" are not "
+                                    "supported (the chat template renders text parts only)",
+                              pat));
     } else {
-      throw parse_error(pat + ".type must be \"text\", \"image_url\", \"input_audio\", \"file\" "
-                              "or \"refusal\", found " + describe(*type_it),
+      throw parse_error(pat +
+                            ".type must be \"text\", \"image_url\", \"input_audio\", \"file\" "
+                            "or \"refusal\", found " +
+                            describe(*type_it),
                         pat + ".type");
     }
   }
@@ -360,8 +362,7 @@ std::string parse_content_parts(const Json& parts, const std::string& at,
 OpenAiMessage parse_openai_message(const Json& item, size_t i, std::set<std::string>& ignored) {
   const std::string at = "messages[" + std::to_string(i) + "]";
   if (!item.is_object()) {
-    throw parse_error(at + " must be an object {\"role\", \"content\"}, found " +
-                          describe(item),
+    throw parse_error(at + " must be an object {\"role\", \"content\"}, found " + describe(item),
                       at);
   }
   OpenAiMessage out;
@@ -397,14 +398,12 @@ OpenAiMessage parse_openai_message(const Json& item, size_t i, std::set<std::str
   // while the last message is a user query, T100-104).
   if (const Json* name = given(item, "name")) {
     if (!name->is_string()) {
-      throw parse_error(at + ".name must be a string, found " + describe(*name),
-                        at + ".name");
+      throw parse_error(at + ".name must be a string, found " + describe(*name), at + ".name");
     }
   }
   for (const char* key : {"reasoning_content", "reasoning"}) {
     if (const Json* value = given(item, key); value && !value->is_string()) {
-      throw parse_error(at + "." + key + " must be a string or null, found " +
-                            describe(*value),
+      throw parse_error(at + "." + key + " must be a string or null, found " + describe(*value),
                         at + "." + key);
     }
   }
@@ -456,21 +455,24 @@ std::vector<OpenAiMessage> parse_openai_messages(const Json& messages,
 std::vector<std::pair<uint32_t, float>> parse_logit_bias(const Json& value,
                                                          const ServerLimits& limits) {
   if (!value.is_object()) {
-    throw parse_error("logit_bias must be an object mapping token ids to numbers in "
-                      "[-100, 100], found " + describe(value),
-                      "logit_bias");
+    throw parse_error(
+        "logit_bias must be an object mapping token ids to numbers in "
+        "[-100, 100], found " +
+            describe(value),
+        "logit_bias");
   }
   if (value.size() > static_cast<size_t>(kMaxLogitBias)) {
-    throw parse_error("logit_bias has " + std::to_string(value.size()) +
-                          " entries, at most " + std::to_string(kMaxLogitBias) + " allowed",
+    throw parse_error("logit_bias has " + std::to_string(value.size()) + " entries, at most " +
+                          std::to_string(kMaxLogitBias) + " allowed",
                       "logit_bias");
   }
   const uint64_t bound = limits.token_id_count > 0 ? limits.token_id_count : (uint64_t{1} << 31);
   std::vector<std::pair<uint32_t, float>> out;
   out.reserve(value.size());
   for (const auto& [key, bias] : value.items()) {
-    const bool digits = !key.empty() && key.size() <= 10 &&
-                        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
+    const bool digits =
+        !key.empty() && key.size() <= 10 &&
+        std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; });
     uint64_t id = 0;
     if (digits) {
       for (char c : key) id = id * 10 + static_cast<uint64_t>(c - '0');
@@ -478,12 +480,15 @@ std::vector<std::pair<uint32_t, float>> parse_logit_bias(const Json& value,
     if (!digits || (key.size() > 1 && key[0] == '0') || id >= bound) {
       throw parse_error("logit_bias key " + quoted_cut(key) +
                             " is not a token id (a decimal integer without sign or leading "
-                            "zeros, below " + std::to_string(bound) + ")",
+                            "zeros, below " +
+                            std::to_string(bound) + ")",
                         "logit_bias");
     }
     if (!bias.is_number() || !(bias.get<double>() >= -100.0 && bias.get<double>() <= 100.0)) {
-      throw parse_error("logit_bias[" + in_quotes(key) + "] must be a number in [-100, 100], "
-                            "found " + describe(bias),
+      throw parse_error("logit_bias[" + in_quotes(key) +
+                            "] must be a number in [-100, 100], "
+                            "found " +
+                            describe(bias),
                         "logit_bias");
     }
     out.emplace_back(static_cast<uint32_t>(id), static_cast<float>(bias.get<double>()));
@@ -526,27 +531,30 @@ void check_feature_field_types(const Json& root) {
     throw parse_error("tools must be an array, found " + describe(*v), "tools");
   }
   if (const Json* v = given(root, "tool_choice");
-      v && !v->is_object() && !(v->is_string() && (*v == "none" || *v == "auto" || *v == "required"))) {
-    throw parse_error("tool_choice must be \"none\", \"auto\", \"required\" or an object, found " +
-                          describe(*v),
-                      "tool_choice");
+      v && !v->is_object() &&
+      !(v->is_string() && (*v == "none" || *v == "auto" || *v == "required"))) {
+    throw parse_error(
+        "tool_choice must be \"none\", \"auto\", \"required\" or an object, found " + describe(*v),
+        "tool_choice");
   }
   if (const Json* v = given(root, "functions"); v && !v->is_array()) {
     throw parse_error("functions must be an array, found " + describe(*v), "functions");
   }
   if (const Json* v = given(root, "function_call");
       v && !v->is_object() && !(v->is_string() && (*v == "none" || *v == "auto"))) {
-    throw parse_error("function_call must be \"none\", \"auto\" or an object, found " +
-                          describe(*v),
-                      "function_call");
+    throw parse_error(
+        "function_call must be \"none\", \"auto\" or an object, found " + describe(*v),
+        "function_call");
   }
   if (const Json* v = given(root, "response_format")) {
     const auto type = v->is_object() ? v->find("type") : v->end();
     if (!v->is_object() || type == v->end() ||
         !(*type == "text" || *type == "json_object" || *type == "json_schema")) {
-      throw parse_error("response_format must be an object {\"type\": \"text\" | \"json_object\" | "
-                        "\"json_schema\", ...}, found " + describe(*v),
-                        "response_format");
+      throw parse_error(
+          "response_format must be an object {\"type\": \"text\" | \"json_object\" | "
+          "\"json_schema\", ...}, found " +
+              describe(*v),
+          "response_format");
     }
   }
   if (const Json* v = given(root, "modalities")) {
@@ -554,9 +562,9 @@ void check_feature_field_types(const Json& root) {
                       return m == "text" || m == "audio";
                     });
     if (!ok) {
-      throw parse_error("modalities must be an array of \"text\" and \"audio\", found " +
-                            describe(*v),
-                        "modalities");
+      throw parse_error(
+          "modalities must be an array of \"text\" and \"audio\", found " + describe(*v),
+          "modalities");
     }
   }
   choice_field(root, "reasoning_effort", {"none", "minimal", "low", "medium", "high", "xhigh"});
@@ -583,15 +591,14 @@ void check_ignored_field_types(const Json& root, std::set<std::string>& ignored)
   }
   bool_field(root, "store", "store");
   if (const Json* v = given(root, "service_tier"); v && !v->is_string()) {
-    throw parse_error("service_tier must be a string, found " + describe(*v),
-                      "service_tier");
+    throw parse_error("service_tier must be a string, found " + describe(*v), "service_tier");
   }
   bool_field(root, "parallel_tool_calls", "parallel_tool_calls");
 }
 
 // Step 3 of openai mode: values that would change the output but are not implemented yet.
-void check_unsupported(const Json& root, const std::vector<OpenAiMessage>& messages,
-                       int64_t n, int64_t best_of) {
+void check_unsupported(const Json& root, const std::vector<OpenAiMessage>& messages, int64_t n,
+                       int64_t best_of) {
   for (const OpenAiMessage& m : messages) {
     if (m.refusal) throw *m.refusal;
   }
@@ -628,9 +635,10 @@ void check_unsupported(const Json& root, const std::vector<OpenAiMessage>& messa
   }
   if (const Json* v = given(root, "chat_template_kwargs")) {
     if (const Json* thinking = given(*v, "enable_thinking"); thinking && *thinking == true) {
-      throw bad_request("\"chat_template_kwargs.enable_thinking\": true is not supported yet "
-                        "(thinking is off)",
-                        "chat_template_kwargs.enable_thinking");
+      throw bad_request(
+          "\"chat_template_kwargs.enable_thinking\": true is not supported yet "
+          "(thinking is off)",
+          "chat_template_kwargs.enable_thinking");
     }
   }
 }
@@ -701,9 +709,11 @@ ChatRequest parse_openai(const Json& root, const ServerLimits& limits) {
     } else if (v->is_number_integer()) {
       s.seed = static_cast<uint64_t>(v->get<int64_t>());  // two's complement
     } else {
-      throw parse_error("seed must be an integer (at least -9223372036854775808, at most "
-                        "18446744073709551615), found " + describe(*v),
-                        "seed");
+      throw parse_error(
+          "seed must be an integer (at least -9223372036854775808, at most "
+          "18446744073709551615), found " +
+              describe(*v),
+          "seed");
     }
   }
   if (const Json* v = given(root, "logit_bias")) s.logit_bias = parse_logit_bias(*v, limits);
@@ -719,23 +729,23 @@ ChatRequest parse_openai(const Json& root, const ServerLimits& limits) {
   check_ignored_field_types(root, ignored);
   if (const Json* v = given(root, "chat_template_kwargs")) {
     for (const auto& [key, value] : v->items()) {
-      if (key != "enable_thinking" && !value.is_null()) ignored.insert("chat_template_kwargs." + key);
+      if (key != "enable_thinking" && !value.is_null())
+        ignored.insert("chat_template_kwargs." + key);
     }
   }
   // Step 1g: missing fields.
   if (!root.contains("model")) throw parse_error("missing field \"model\"", "model");
   if (!root.contains("messages")) throw parse_error("missing field \"messages\"", "messages");
 
-  check_model(request, limits);                      // step 2
-  check_unsupported(root, messages, n, best_of);     // step 3
+  check_model(request, limits);                   // step 2
+  check_unsupported(root, messages, n, best_of);  // step 3
   request.messages.reserve(messages.size());
   for (OpenAiMessage& m : messages) request.messages.push_back(std::move(m.message));
-  check_messages(request);                           // steps 4-5
+  check_messages(request);  // steps 4-5
   // Step 6: max_tokens and its alias, then the logprobs rule.
   if (max_tokens && max_completion_tokens && *max_tokens != *max_completion_tokens) {
     throw bad_request("max_tokens (" + std::to_string(*max_tokens) +
-                          ") and max_completion_tokens (" +
-                          std::to_string(*max_completion_tokens) +
+                          ") and max_completion_tokens (" + std::to_string(*max_completion_tokens) +
                           ") differ; send one of them",
                       "max_completion_tokens");
   }
@@ -787,8 +797,8 @@ uint64_t checked_max_tokens(uint64_t prompt_tokens, uint64_t max_tokens, uint64_
   }
   const uint64_t needed = prompt_tokens + max_tokens + 1;
   if (needed > max_seq) {
-    throw bad_request("request needs " + std::to_string(needed) +
-                          " tokens but server max_seq is " + std::to_string(max_seq),
+    throw bad_request("request needs " + std::to_string(needed) + " tokens but server max_seq is " +
+                          std::to_string(max_seq),
                       "messages", "context_length_exceeded");
   }
   return max_tokens;

@@ -30,7 +30,7 @@ inline constexpr size_t kMaxStopStrings = 16;
 // Limits that apply while parsing a request body.
 struct ServerLimits {
   std::string model_id = std::string(kServedModelId);  // `model` must equal this
-  uint64_t max_body_bytes = 1048576;                    // larger bodies: 413
+  uint64_t max_body_bytes = 1048576;                   // larger bodies: 413
   int max_json_depth = 16;  // nesting cap; a valid request needs 3 levels (5 with content parts)
   uint64_t default_max_tokens = 128;  // used when the body has no `max_tokens`
   ApiMode mode = ApiMode::openai;
@@ -63,10 +63,10 @@ class ApiError : public std::exception {
 // The request's sampling fields as given (absent or null = nullopt), each range-checked.
 // Only openai mode fills them; in strict mode they are all absent.
 struct SamplingFields {
-  std::optional<double> temperature;         // [0, 2]
-  std::optional<double> top_p;               // (0, 1]
-  std::optional<int64_t> top_k;              // >= 0; 0 = off (the request's -1, vLLM's "off", is stored as 0)
-  std::optional<double> min_p;               // [0, 1]
+  std::optional<double> temperature;  // [0, 2]
+  std::optional<double> top_p;        // (0, 1]
+  std::optional<int64_t> top_k;  // >= 0; 0 = off (the request's -1, vLLM's "off", is stored as 0)
+  std::optional<double> min_p;   // [0, 1]
   std::optional<double> presence_penalty;    // [-2, 2]
   std::optional<double> frequency_penalty;   // [-2, 2]
   std::optional<double> repetition_penalty;  // (0, 2]
@@ -86,8 +86,8 @@ struct ChatRequest {
   std::string model;
   std::vector<ChatMessage> messages;  // non-empty, last role user; content parts concatenated
   uint64_t max_tokens = 128;          // > 0; the default when absent (openai: or its alias)
-  bool max_tokens_given = false;      // whether the body carried max_tokens or max_completion_tokens
-  bool stream = false;                // strict mode: always false once accepted
+  bool max_tokens_given = false;  // whether the body carried max_tokens or max_completion_tokens
+  bool stream = false;            // strict mode: always false once accepted
   std::optional<std::string> prompt_cache_key;  // absent or null: none
   bool include_usage = false;  // stream_options.include_usage, and only when streaming
   SamplingFields sampling;

@@ -1,4 +1,4 @@
-// OpenAI-compatible JSON of the HTTP API: responses, stream chunks, errors (requests: chat_request.cpp).
+// OpenAI-compatible response JSON of the HTTP API: completions, stream chunks, models, errors.
 #include "server/openai_types.h"
 
 #include <charconv>

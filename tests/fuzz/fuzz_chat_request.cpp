@@ -1,4 +1,4 @@
-// libFuzzer target: lily::parse_chat_request in both API modes, its invariants, and the JSON builders.
+// libFuzzer target: parse_chat_request in both API modes, its invariants, and the JSON builders.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>

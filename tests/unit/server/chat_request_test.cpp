@@ -126,23 +126,41 @@ TEST(OpenAiRequest, StrictBodiesParseTheSame) {
 TEST(OpenAiRequest, SharedStepsFailTheSameWayAsStrict) {
   const std::string deep(100, '[');
   for (const std::string& body : std::vector<std::string>{
-           "", "{", body_with("") + "x", "{'model':1}", body_with(R"(,"max_tokens":1e400)"),
-           std::string("{\"model\":\"a\0b\"}", 15), "[]", "null", "42",
+           "",
+           "{",
+           body_with("") + "x",
+           "{'model':1}",
+           body_with(R"(,"max_tokens":1e400)"),
+           std::string("{\"model\":\"a\0b\"}", 15),
+           "[]",
+           "null",
+           "42",
            R"({"model":"Qwen3.6-35B-A3B","model":"x","messages":[]})",
-           body_with(",\"max_tokens\":" + deep), body_with(",\"prompt_cache_key\":\"\xFF\""),
-           "\xEF\xBB\xBF" + body_with(""), R"({"model":5,"messages":[]})",
-           R"({"messages":[{"role":"user","content":"x"}]})", R"({"model":"Qwen3.6-35B-A3B"})",
-           "{}", with_messages(R"([{"role":"User","content":"x"}])"),
-           with_messages(R"([{"role":null,"content":"x"}])"), with_messages(R"(["hi"])"),
-           with_messages(R"({})"), with_messages(R"("hi")"), with_messages("null"),
-           body_with(R"(,"max_tokens":-1)"), body_with(R"(,"max_tokens":1.5)"),
-           body_with(R"(,"max_tokens":128.0)"), body_with(R"(,"max_tokens":18446744073709551616)"),
-           body_with(R"(,"max_tokens":"10")"), body_with(R"(,"stream":"true")"),
+           body_with(",\"max_tokens\":" + deep),
+           body_with(",\"prompt_cache_key\":\"\xFF\""),
+           "\xEF\xBB\xBF" + body_with(""),
+           R"({"model":5,"messages":[]})",
+           R"({"messages":[{"role":"user","content":"x"}]})",
+           R"({"model":"Qwen3.6-35B-A3B"})",
+           "{}",
+           with_messages(R"([{"role":"User","content":"x"}])"),
+           with_messages(R"([{"role":null,"content":"x"}])"),
+           with_messages(R"(["hi"])"),
+           with_messages(R"({})"),
+           with_messages(R"("hi")"),
+           with_messages("null"),
+           body_with(R"(,"max_tokens":-1)"),
+           body_with(R"(,"max_tokens":1.5)"),
+           body_with(R"(,"max_tokens":128.0)"),
+           body_with(R"(,"max_tokens":18446744073709551616)"),
+           body_with(R"(,"max_tokens":"10")"),
+           body_with(R"(,"stream":"true")"),
            body_with(R"(,"prompt_cache_key":5)"),
            R"({"model":"gpt-4o","messages":[{"role":"user","content":"x"}]})",
            R"({"model":"Qwen3.6-35B-A3B","messages":[]})",
            with_messages(R"([{"role":"user","content":"x"},{"role":"assistant","content":"y"}])"),
-           with_messages(R"([{"role":"system","content":"x"}])"), body_with(R"(,"max_tokens":0)"),
+           with_messages(R"([{"role":"system","content":"x"}])"),
+           body_with(R"(,"max_tokens":0)"),
            body_with(R"(,"max_tokens":-0)")}) {
     SCOPED_TRACE(body);
     const ApiError s = error_of(body, kStrict);
@@ -191,8 +209,8 @@ TEST(OpenAiRequest, MaxCompletionTokensErrors) {
                "max_tokens must be greater than zero");
   expect_error(body_with(R"(,"max_tokens":0,"max_completion_tokens":5)"), "max_completion_tokens",
                "max_tokens (0) and max_completion_tokens (5) differ; send one of them");
-  for (const char* value : {"-1", "1.5", "128.0", "1e3", "18446744073709551616", "\"10\"", "true",
-                            "[]", "{}"}) {
+  for (const char* value :
+       {"-1", "1.5", "128.0", "1e3", "18446744073709551616", "\"10\"", "true", "[]", "{}"}) {
     expect_error(body_with(std::string(",\"max_completion_tokens\":") + value),
                  "max_completion_tokens",
                  std::string(kParse) +
@@ -233,8 +251,9 @@ TEST(OpenAiRequest, StreamAndStreamOptions) {
 TEST(OpenAiRequest, StreamErrors) {
   expect_error(body_with(R"(,"stream":"yes")"), "stream",
                std::string(kParse) + "stream must be true or false, found string \"yes\"");
-  expect_error(body_with(R"(,"stream":true,"stream_options":true)"), "stream_options",
-               std::string(kParse) + "stream_options must be an object or null, found boolean true");
+  expect_error(
+      body_with(R"(,"stream":true,"stream_options":true)"), "stream_options",
+      std::string(kParse) + "stream_options must be an object or null, found boolean true");
   expect_error(body_with(R"(,"stream":true,"stream_options":{"include_usage":1})"),
                "stream_options.include_usage",
                std::string(kParse) +
@@ -246,11 +265,10 @@ TEST(OpenAiRequest, N) {
   EXPECT_NO_THROW(parse(body_with(R"(,"n":null)")));
   expect_error(body_with(R"(,"n":2)"), "n", "n > 1 is not supported");
   expect_error(body_with(R"(,"n":9223372036854775807)"), "n", "n > 1 is not supported");
-  for (const char* value : {"0", "-1", "1.5", "1.0", "\"1\"", "true", "[1]",
-                            "9223372036854775808"}) {
+  for (const char* value :
+       {"0", "-1", "1.5", "1.0", "\"1\"", "true", "[1]", "9223372036854775808"}) {
     expect_error(body_with(std::string(",\"n\":") + value), "n",
-                 std::string(kParse) + "n must be a positive integer, found " +
-                     found(value));
+                 std::string(kParse) + "n must be a positive integer, found " + found(value));
   }
 }
 
@@ -276,7 +294,10 @@ TEST(OpenAiRequest, NumberFieldsAtTheirEdges) {
        {{"1", 1.0}, {"0.0001", 0.0001}, {"1e-300", 1e-300}},
        {"0", "-0.0", "-0.1", "1.01"},
        &SamplingFields::top_p},
-      {"min_p", "[0, 1]", {{"0", 0.0}, {"1", 1.0}, {"0.05", 0.05}}, {"-0.001", "1.001"},
+      {"min_p",
+       "[0, 1]",
+       {{"0", 0.0}, {"1", 1.0}, {"0.05", 0.05}},
+       {"-0.001", "1.001"},
        &SamplingFields::min_p},
       {"presence_penalty",
        "[-2, 2]",
@@ -306,8 +327,8 @@ TEST(OpenAiRequest, NumberFieldsAtTheirEdges) {
     for (const char* type_error : {"\"1\"", "true", "[]", "{}"}) refused.push_back(type_error);
     for (const char* literal : refused) {
       expect_error(body_with(std::string(",\"") + c.field + "\":" + literal), c.field,
-                   std::string(kParse) + c.field + " must be a number in " + c.range +
-                       ", found " + found(literal));
+                   std::string(kParse) + c.field + " must be a number in " + c.range + ", found " +
+                       found(literal));
     }
     const ChatRequest none = parse(body_with(std::string(",\"") + c.field + "\":null"));
     EXPECT_FALSE((none.sampling.*c.member).has_value());
@@ -325,8 +346,8 @@ TEST(OpenAiRequest, TopK) {
     EXPECT_EQ(r.sampling.top_k, value) << literal;
     EXPECT_TRUE(r.sampling.any());
   }
-  for (const char* literal :
-       {"-2", "1.5", "20.0", "1e1", "\"20\"", "true", "9223372036854775808", "-9223372036854775808"}) {
+  for (const char* literal : {"-2", "1.5", "20.0", "1e1", "\"20\"", "true", "9223372036854775808",
+                              "-9223372036854775808"}) {
     expect_error(body_with(std::string(",\"top_k\":") + literal), "top_k",
                  std::string(kParse) + "top_k must be an integer >= 0, or -1 for no limit, found " +
                      found(literal));
@@ -370,8 +391,9 @@ TEST(OpenAiRequest, LogitBias) {
   // Without a known id count, ids up to 2^31 - 1.
   EXPECT_EQ(parse(body_with(R"(,"logit_bias":{"2147483647":1})")).sampling.logit_bias[0].first,
             2147483647U);
-  const std::string unknown_bound = " is not a token id (a decimal integer without sign or "
-                                    "leading zeros, below 2147483648)";
+  const std::string unknown_bound =
+      " is not a token id (a decimal integer without sign or "
+      "leading zeros, below 2147483648)";
   expect_error(body_with(R"(,"logit_bias":{"2147483648":1})"), "logit_bias",
                std::string(kParse) + "logit_bias key \"2147483648\"" + unknown_bound);
   for (const char* key : {"01", "00", "-1", "+1", " 1", "1 ", "1.0", "", "abc", "1e3",
@@ -433,9 +455,10 @@ TEST(OpenAiRequest, Stop) {
                std::string(kParse) + "stop[1] must be a non-empty string, found string \"\"");
   expect_error(body_with(R"(,"stop":["a",1])"), "stop",
                std::string(kParse) + "stop[1] must be a non-empty string, found number 1");
-  expect_error(body_with(R"(,"stop":5)"), "stop",
-               std::string(kParse) +
-                   "stop must be a string, an array of at most 16 strings, or null, found number 5");
+  expect_error(
+      body_with(R"(,"stop":5)"), "stop",
+      std::string(kParse) +
+          "stop must be a string, an array of at most 16 strings, or null, found number 5");
 }
 
 TEST(OpenAiRequest, LogprobsAndTopLogprobs) {
@@ -450,19 +473,18 @@ TEST(OpenAiRequest, LogprobsAndTopLogprobs) {
   EXPECT_FALSE(parse(body_with(R"(,"logprobs":false)")).logprobs);
   EXPECT_FALSE(parse(body_with(R"(,"logprobs":null,"top_logprobs":null)")).logprobs);
   for (const char* value : {"21", "-1", "1.5", "5.0", "\"5\"", "true"}) {
-    expect_error(body_with(std::string(",\"logprobs\":true,\"top_logprobs\":") + value),
-                 "top_logprobs",
-                 std::string(kParse) + "top_logprobs must be an integer in [0, 20], found " +
-                     found(value));
+    expect_error(
+        body_with(std::string(",\"logprobs\":true,\"top_logprobs\":") + value), "top_logprobs",
+        std::string(kParse) + "top_logprobs must be an integer in [0, 20], found " + found(value));
   }
   for (const char* extra : {R"(,"top_logprobs":3)", R"(,"logprobs":false,"top_logprobs":0)",
                             R"(,"logprobs":null,"top_logprobs":2)"}) {
     expect_error(body_with(extra), "top_logprobs", "top_logprobs requires logprobs: true");
   }
   for (const char* value : {"1", "\"true\"", "[]"}) {
-    expect_error(body_with(std::string(",\"logprobs\":") + value), "logprobs",
-                 std::string(kParse) + "logprobs must be true, false or null, found " +
-                     found(value));
+    expect_error(
+        body_with(std::string(",\"logprobs\":") + value), "logprobs",
+        std::string(kParse) + "logprobs must be true, false or null, found " + found(value));
   }
 }
 
@@ -470,13 +492,23 @@ TEST(OpenAiRequest, LogprobsAndTopLogprobs) {
 
 TEST(OpenAiRequest, HarmlessValuesOfUnsupportedFeaturesAreAccepted) {
   for (const char* extra :
-       {R"(,"tools":[])", R"(,"tool_choice":"none")", R"(,"tool_choice":"auto")",
-        R"(,"tools":[],"tool_choice":"auto")", R"(,"functions":[])", R"(,"function_call":"none")",
-        R"(,"function_call":"auto")", R"(,"response_format":{"type":"text"})",
-        R"(,"modalities":["text"])", R"(,"modalities":[])", R"(,"reasoning_effort":"none")",
-        R"(,"reasoning_effort":"minimal")", R"(,"chat_template_kwargs":{"enable_thinking":false})",
-        R"(,"chat_template_kwargs":{})", R"(,"chat_template_kwargs":{"enable_thinking":null})",
-        R"(,"best_of":1)", R"(,"tools":null,"tool_choice":null,"functions":null)",
+       {R"(,"tools":[])",
+        R"(,"tool_choice":"none")",
+        R"(,"tool_choice":"auto")",
+        R"(,"tools":[],"tool_choice":"auto")",
+        R"(,"functions":[])",
+        R"(,"function_call":"none")",
+        R"(,"function_call":"auto")",
+        R"(,"response_format":{"type":"text"})",
+        R"(,"modalities":["text"])",
+        R"(,"modalities":[])",
+        R"(,"reasoning_effort":"none")",
+        R"(,"reasoning_effort":"minimal")",
+        R"(,"chat_template_kwargs":{"enable_thinking":false})",
+        R"(,"chat_template_kwargs":{})",
+        R"(,"chat_template_kwargs":{"enable_thinking":null})",
+        R"(,"best_of":1)",
+        R"(,"tools":null,"tool_choice":null,"functions":null)",
         R"(,"function_call":null,"response_format":null,"audio":null,"modalities":null)",
         R"(,"prediction":null,"web_search_options":null,"reasoning_effort":null)",
         R"(,"chat_template_kwargs":null,"best_of":null)"}) {
@@ -515,7 +547,8 @@ TEST(OpenAiRequest, UnsupportedFeaturesAreRefusedByName) {
       {R"(,"reasoning_effort":"low")", "reasoning_effort",
        "\"reasoning_effort\": \"low\" is not supported yet (thinking is off; \"none\" and "
        "\"minimal\" are accepted)"},
-      {R"(,"chat_template_kwargs":{"enable_thinking":true})", "chat_template_kwargs.enable_thinking",
+      {R"(,"chat_template_kwargs":{"enable_thinking":true})",
+       "chat_template_kwargs.enable_thinking",
        "\"chat_template_kwargs.enable_thinking\": true is not supported yet (thinking is off)"},
       {R"(,"best_of":2)", "best_of", "best_of > 1 is not supported"},
   };
@@ -554,7 +587,8 @@ TEST(OpenAiRequest, WrongTypesOfFeatureFields) {
        "\"xhigh\", found number 1"},
       {R"(,"chat_template_kwargs":[])", "chat_template_kwargs",
        "chat_template_kwargs must be an object, found array []"},
-      {R"(,"chat_template_kwargs":{"enable_thinking":"no"})", "chat_template_kwargs.enable_thinking",
+      {R"(,"chat_template_kwargs":{"enable_thinking":"no"})",
+       "chat_template_kwargs.enable_thinking",
        "chat_template_kwargs.enable_thinking must be true, false or null, found string \"no\""},
       {R"(,"best_of":0)", "best_of", "best_of must be a positive integer, found number 0"},
       {R"(,"best_of":1.0)", "best_of", "best_of must be a positive integer, found number 1.0"},
@@ -572,19 +606,18 @@ TEST(OpenAiRequest, IgnoredFieldsAreListedInByteOrderAndChangeNothing) {
       R"("parallel_tool_calls":false,"zeta":1,"min_tokens":3,"Temperature":9,"top_a":null,)"
       R"("chat_template_kwargs":{"enable_thinking":false,"preserve_thinking":true,"x":null},)"
       R"("stream_options":{"continuous_usage_stats":true})"));
-  EXPECT_EQ(r.ignored_fields,
-            (std::vector<std::string>{"Temperature", "chat_template_kwargs.preserve_thinking",
-                                      "metadata", "min_tokens", "parallel_tool_calls",
-                                      "service_tier", "store",
-                                      "stream_options.continuous_usage_stats", "user", "zeta"}));
+  EXPECT_EQ(
+      r.ignored_fields,
+      (std::vector<std::string>{"Temperature", "chat_template_kwargs.preserve_thinking", "metadata",
+                                "min_tokens", "parallel_tool_calls", "service_tier", "store",
+                                "stream_options.continuous_usage_stats", "user", "zeta"}));
   EXPECT_FALSE(r.sampling.any());
   EXPECT_EQ(render_request_prompt(r), render_request_prompt(parse(body_with(""))));
   // user may be an object (Open WebUI); nulls are absent.
   EXPECT_EQ(parse(body_with(R"(,"user":{"id":"1","name":"x"})")).ignored_fields,
             std::vector<std::string>{"user"});
-  EXPECT_TRUE(
-      parse(body_with(R"(,"user":null,"metadata":null,"store":null,"service_tier":null)"))
-          .ignored_fields.empty());
+  EXPECT_TRUE(parse(body_with(R"(,"user":null,"metadata":null,"store":null,"service_tier":null)"))
+                  .ignored_fields.empty());
 }
 
 TEST(OpenAiRequest, IgnoredFieldsWithTheWrongType) {
@@ -604,9 +637,8 @@ TEST(OpenAiRequest, IgnoredFieldsWithTheWrongType) {
 // ---- messages ------------------------------------------------------------------------------
 
 TEST(OpenAiRequest, AcceptedMessageFields) {
-  const std::string plain =
-      R"([{"role":"system","content":"s"},{"role":"user","content":"a"},)"
-      R"({"role":"assistant","content":"b"},{"role":"user","content":"c"}])";
+  const std::string plain = R"([{"role":"system","content":"s"},{"role":"user","content":"a"},)"
+                            R"({"role":"assistant","content":"b"},{"role":"user","content":"c"}])";
   const std::string extras =
       R"([{"role":"system","content":"s","name":"sys"},{"role":"user","content":"a","name":"bob"},)"
       R"({"role":"assistant","content":"b","name":"bot","reasoning_content":"because",)"
@@ -644,25 +676,27 @@ TEST(OpenAiRequest, AssistantContentNullOrAbsentRendersEmpty) {
                std::string(kParse) +
                    "messages[0].content must be a string or an array of content parts, found "
                    "number 5");
-  expect_error(with_messages(R"([{"role":"assistant","content":{}},{"role":"user","content":"x"}])"),
-               "messages[0].content",
-               std::string(kParse) +
-                   "messages[0].content must be a string or an array of content parts (or null), "
-                   "found object {}");
+  expect_error(
+      with_messages(R"([{"role":"assistant","content":{}},{"role":"user","content":"x"}])"),
+      "messages[0].content",
+      std::string(kParse) +
+          "messages[0].content must be a string or an array of content parts (or null), "
+          "found object {}");
 }
 
 TEST(OpenAiRequest, MessageFieldTypes) {
   expect_error(with_messages(R"([{"role":"user","content":"x","name":5}])"), "messages[0].name",
                std::string(kParse) + "messages[0].name must be a string, found number 5");
-  expect_error(
-      with_messages(R"([{"role":"assistant","content":"x","reasoning_content":[]},)"
-                    R"({"role":"user","content":"y"}])"),
-      "messages[0].reasoning_content",
-      std::string(kParse) + "messages[0].reasoning_content must be a string or null, found array []");
-  expect_error(with_messages(R"([{"role":"assistant","content":"x","reasoning":1},)"
+  expect_error(with_messages(R"([{"role":"assistant","content":"x","reasoning_content":[]},)"
                              R"({"role":"user","content":"y"}])"),
-               "messages[0].reasoning",
-               std::string(kParse) + "messages[0].reasoning must be a string or null, found number 1");
+               "messages[0].reasoning_content",
+               std::string(kParse) +
+                   "messages[0].reasoning_content must be a string or null, found array []");
+  expect_error(
+      with_messages(R"([{"role":"assistant","content":"x","reasoning":1},)"
+                    R"({"role":"user","content":"y"}])"),
+      "messages[0].reasoning",
+      std::string(kParse) + "messages[0].reasoning must be a string or null, found number 1");
   expect_error(with_messages(R"([{"role":"User","content":"x"}])"), "messages[0].role",
                std::string(kParse) +
                    "messages[0].role must be \"system\", \"user\" or \"assistant\", found string "
@@ -672,9 +706,10 @@ TEST(OpenAiRequest, MessageFieldTypes) {
   expect_error(with_messages(R"(["x"])"), "messages[0]",
                std::string(kParse) +
                    "messages[0] must be an object {\"role\", \"content\"}, found string \"x\"");
-  expect_error(with_messages("5"), "messages",
-               std::string(kParse) +
-                   "messages must be a JSON array of {\"role\", \"content\"} objects, found number 5");
+  expect_error(
+      with_messages("5"), "messages",
+      std::string(kParse) +
+          "messages must be a JSON array of {\"role\", \"content\"} objects, found number 5");
 }
 
 TEST(OpenAiRequest, ToolRolesAndFieldsAreRefusedByName) {
@@ -740,10 +775,11 @@ TEST(OpenAiRequest, TextPartsRenderAsTheirConcatenation) {
     }
     EXPECT_EQ(render_request_prompt(p), render_request_prompt(s));
   }
-  EXPECT_EQ(render_request_prompt(parse(with_messages(
-                R"([{"role":"user","content":[{"type":"text","text":"Hi"},{"type":"text","text":"!"}]}])"))),
-            std::string("<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n") +
-                std::string(kEmptyThinkBlock));
+  EXPECT_EQ(
+      render_request_prompt(parse(with_messages(
+          R"([{"role":"user","content":[{"type":"text","text":"Hi"},{"type":"text","text":"!"}]}])"))),
+      std::string("<|im_start|>user\nHi!<|im_end|>\n<|im_start|>assistant\n") +
+          std::string(kEmptyThinkBlock));
   // Extra keys of a text part are ignored (the template reads only "text") and reported.
   const ChatRequest cached = parse(with_messages(
       R"([{"role":"user","content":[{"type":"text","text":"x","cache_control":{"type":"ephemeral"}}]}])"));
@@ -771,11 +807,12 @@ TEST(OpenAiRequest, NonTextPartsAreRefused) {
                  "messages[0].content[1]",
                  std::string("messages[0].content[1]: ") + kind + " inputs are not supported");
   }
-  expect_error(with_messages(R"([{"role":"user","content":"q"},{"role":"assistant","content":)"
-                             R"([{"type":"refusal","refusal":"no"}]},{"role":"user","content":"y"}])"),
-               "messages[1].content[0]",
-               "messages[1].content[0]: content parts of type \"refusal\" are not supported (the "
-               "chat template renders text parts only)");
+  expect_error(
+      with_messages(R"([{"role":"user","content":"q"},{"role":"assistant","content":)"
+                    R"([{"type":"refusal","refusal":"no"}]},{"role":"user","content":"y"}])"),
+      "messages[1].content[0]",
+      "messages[1].content[0]: content parts of type \"refusal\" are not supported (the "
+      "chat template renders text parts only)");
   // Malformed parts are parse errors.
   const std::vector<std::tuple<std::string, const char*, const char*>> malformed = {
       {R"("hi")", "messages[0].content[0]",
@@ -815,15 +852,16 @@ TEST(OpenAiValidationOrder, FirstFailureWins) {
   EXPECT_EQ(error_of(body_with(R"(,"tools":{},"seed":1.5)")).param, "seed");
   // 1f before 1g (missing fields).
   EXPECT_EQ(error_of(R"({"messages":[],"temperature":3})").param, "temperature");
-  EXPECT_EQ(error_of(R"({"temperature":1})").message, "parsing chat request: missing field \"model\"");
+  EXPECT_EQ(error_of(R"({"temperature":1})").message,
+            "parsing chat request: missing field \"model\"");
   // Unknown fields never fail: the wrong model is reported.
   EXPECT_EQ(error_of(gpt + kHi + R"(,"foo":1})").param, "model");
   // 2 (model) before 3 (unsupported features), including unsupported roles and parts.
   EXPECT_EQ(error_of(gpt + kHi + R"(,"tools":[{}]})").param, "model");
   EXPECT_EQ(error_of(gpt + R"([{"role":"tool","content":"x"}]})").param, "model");
-  EXPECT_EQ(error_of(gpt + R"([{"role":"user","content":[{"type":"image_url","image_url":{}}]}]})")
-                .param,
-            "model");
+  EXPECT_EQ(
+      error_of(gpt + R"([{"role":"user","content":[{"type":"image_url","image_url":{}}]}]})").param,
+      "model");
   // A malformed message (1f) before an unsupported top-level feature (3).
   EXPECT_EQ(error_of(with_messages(R"([{"role":"user","content":5}])", R"(,"tools":[{}])")).param,
             "messages[0].content");
@@ -833,16 +871,16 @@ TEST(OpenAiValidationOrder, FirstFailureWins) {
                 .param,
             "temperature");
   // Within 3: messages first, then n, best_of, tools, ... in declaration order.
-  EXPECT_EQ(error_of(with_messages(R"([{"role":"tool","content":"x"}])", R"(,"n":2,"tools":[{}])"))
-                .param,
-            "messages[0].role");
+  EXPECT_EQ(
+      error_of(with_messages(R"([{"role":"tool","content":"x"}])", R"(,"n":2,"tools":[{}])")).param,
+      "messages[0].role");
   EXPECT_EQ(error_of(body_with(R"(,"tools":[{}],"n":2)")).param, "n");
   EXPECT_EQ(error_of(body_with(R"(,"tools":[{}],"reasoning_effort":"high")")).param, "tools");
   // 3 before 4 (empty messages) and 5 (final role).
   EXPECT_EQ(error_of(with_messages("[]", R"(,"n":2)")).param, "n");
-  EXPECT_EQ(error_of(with_messages(R"([{"role":"assistant","content":"x"}])", R"(,"tools":[{}])"))
-                .param,
-            "tools");
+  EXPECT_EQ(
+      error_of(with_messages(R"([{"role":"assistant","content":"x"}])", R"(,"tools":[{}])")).param,
+      "tools");
   // 4 and 5 before 6 (max_tokens alias conflict and zero, then the logprobs rule).
   EXPECT_EQ(error_of(with_messages("[]", R"(,"max_tokens":1,"max_completion_tokens":2)")).message,
             "messages must not be empty");
@@ -851,9 +889,9 @@ TEST(OpenAiValidationOrder, FirstFailureWins) {
                 .message.rfind("the final message must have role=user", 0),
             0U);
   EXPECT_EQ(error_of(body_with(R"(,"max_tokens":0,"top_logprobs":1)")).param, "max_tokens");
-  EXPECT_EQ(error_of(body_with(R"(,"max_tokens":1,"max_completion_tokens":2,"top_logprobs":1)"))
-                .param,
-            "max_completion_tokens");
+  EXPECT_EQ(
+      error_of(body_with(R"(,"max_tokens":1,"max_completion_tokens":2,"top_logprobs":1)")).param,
+      "max_completion_tokens");
   // The stream type (1f) before the model (2), as in strict mode.
   EXPECT_EQ(error_of(gpt + R"([],"stream":"yes"})").param, "stream");
 }

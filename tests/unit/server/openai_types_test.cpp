@@ -557,13 +557,13 @@ TEST(OpenAiCompletionResponse, LogprobTokensCutInsideACharacterAndOddValues) {
       {"\xA9", 0.0f, {}}};
   const std::string text = completion_response_json(result);
   const std::string fffd = "\xEF\xBF\xBD";
-  EXPECT_NE(text.find(R"({"content":[{"token":")" + fffd + R"(","logprob":-0.1,"bytes":[195],)"
-                      R"("top_logprobs":[{"token":")" + fffd + R"(","logprob":-0.1,"bytes":[195]},)"
-                      R"({"token":")" "\xE2\x82\xAC" R"(","logprob":-9999.0,"bytes":[226,130,172]}]},)"
-                      R"({"token":")" + fffd + R"(","logprob":0.0,"bytes":[169],"top_logprobs":[]}],)"
-                      R"("refusal":null})"),
-            std::string::npos)
-      << text;
+  const std::string expected =
+      R"({"content":[{"token":")" + fffd + R"(","logprob":-0.1,"bytes":[195],)"
+      R"("top_logprobs":[{"token":")" + fffd + R"(","logprob":-0.1,"bytes":[195]},)"
+      R"({"token":")" "\xE2\x82\xAC" R"(","logprob":-9999.0,"bytes":[226,130,172]}]},)"
+      R"({"token":")" + fffd + R"(","logprob":0.0,"bytes":[169],"top_logprobs":[]}],)"
+      R"("refusal":null})";
+  EXPECT_NE(text.find(expected), std::string::npos) << text;
   EXPECT_NO_THROW(parse_strict_json(text, "response", 16));
 }
 
@@ -604,7 +604,8 @@ TEST(StreamChunks, ContentChunk) {
                 R"("finish_reason":null}],"usage":null})");
   // Invalid UTF-8 in the text becomes U+FFFD; valid non-ASCII stays raw.
   const std::string text = chunk_content_json(chunk_context(false), "\xC3\xA9 \xE2\x82", nullptr);
-  EXPECT_NE(text.find("\"delta\":{\"content\":\"\xC3\xA9 \xEF\xBF\xBD\"}"), std::string::npos) << text;
+  EXPECT_NE(text.find("\"delta\":{\"content\":\"\xC3\xA9 \xEF\xBF\xBD\"}"), std::string::npos)
+      << text;
   EXPECT_NO_THROW(parse_strict_json(text, "chunk", 8));
 }
 
