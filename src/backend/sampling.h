@@ -1,7 +1,12 @@
 // The token-choice contract shared by every backend: sampling parameters, device buffers, records.
 #pragma once
 
+#include <algorithm>
+#include <array>
+#include <cmath>
 #include <cstdint>
+#include <cstring>
+#include <string>
 #include <type_traits>
 
 namespace lily {
@@ -28,6 +33,25 @@ inline constexpr int kMaxTopLogprobs = 20;
 //      exceeds u * (the survivors' mass)
 // Every stage with its neutral value (r = 1, f = p = 0, no bias, k = 0, top_p = 1,
 // min_p = 0) changes nothing.
+//
+// The arithmetic, exactly (every backend; the helpers below are the shared definitions):
+//   * Stages 1-3 are f32 operations, each rounded once, in this order: l / r or l * r (only
+//     where r != 1 and the id was seen), then l - (f * float(count) + p) where count > 0, then
+//     l + bias. Afterwards NaN counts as -inf and +inf as FLT_MAX ("the processed logits"; a
+//     backend computes them bit-identically). M is their maximum. If M == -inf, or T == 0,
+//     the token is the argmax (stage 4).
+//   * Stage 5's order compares processed logits as floats (-0 == +0), then ids: rank_key.
+//   * Stage 6's masses are integers: q = round-half-even(e^d * 2^kMassBits) with
+//     d = (l - M) / T in f32 (two roundings), so the maximum has q = 2^40 and every logit
+//     with d <= kMassCutoff has q = 0 (e^-30 * 2^40 < 0.11). Only e^d may differ between
+//     backends (by its last bits); everything after it is exact integer arithmetic, so
+//     parallel sums in any order give the same result.
+//   * Stage 7 keeps the shortest prefix (at least one) with sum(q) >= top_p_threshold(top_p,
+//     Z), Z = the mass of stage 5's survivors. Stage 8 keeps q >= min_p_threshold(min_p)
+//     (p / p_max = q / 2^40: the maximum always survives stages 5 and 7).
+//   * Stage 9: the token is the first survivor in id order whose running sum of q exceeds
+//     draw_target(u24, Zs), Zs = the survivors' mass and u24 = sampler_u24(...) = u * 2^24.
+// Limits: vocab in [1, kMaxSamplerVocab] (ids fit the 24 bits of rank_key, Z < 2^64).
 struct SamplerParams {
   float temperature = 1.0f;         // 0: argmax; otherwise (0, 2]
   float top_p = 1.0f;               // (0, 1]; 1: off
@@ -93,13 +117,148 @@ inline Philox4x32 philox4x32_10(Philox4x32 counter, uint32_t key0, uint32_t key1
   return counter;
 }
 
-// Stage 9's uniform for draw number `step` of a sequence seeded with (seed_lo, seed_hi).
 #if defined(__CUDACC__)
-__host__ __device__
+#define LILY_SAMPLER_HD __host__ __device__
+#else
+#define LILY_SAMPLER_HD
 #endif
-inline float sampler_uniform(uint32_t seed_lo, uint32_t seed_hi, uint32_t step) {
+
+// Stage 9's uniform as a 24-bit integer (u = u24 * 2^-24) for draw number `step` of a
+// sequence seeded with (seed_lo, seed_hi): the top 24 bits of Philox word 0.
+LILY_SAMPLER_HD inline uint32_t sampler_u24(uint32_t seed_lo, uint32_t seed_hi, uint32_t step) {
   const Philox4x32 out = philox4x32_10(Philox4x32{{step, 0u, 0u, 0u}}, seed_lo, seed_hi);
-  return static_cast<float>(out.v[0] >> 8) * (1.0f / 16777216.0f);
+  return out.v[0] >> 8;
+}
+
+// Stage 9's uniform for draw number `step` of a sequence seeded with (seed_lo, seed_hi).
+LILY_SAMPLER_HD inline float sampler_uniform(uint32_t seed_lo, uint32_t seed_hi, uint32_t step) {
+  return static_cast<float>(sampler_u24(seed_lo, seed_hi, step)) * (1.0f / 16777216.0f);
+}
+
+// ---- The exact arithmetic of stages 5-9 (see SamplerParams) -------------------------------
+inline constexpr int kMassBits = 40;
+inline constexpr uint64_t kMassOne = uint64_t{1} << kMassBits;  // q of the maximum
+inline constexpr float kMassCutoff = -30.0f;                    // d <= this: q = 0
+inline constexpr int64_t kMaxSamplerVocab = (int64_t{1} << 24) - 1;
+
+__extension__ typedef unsigned __int128 SamplerU128;  // exact products of masses
+
+// The order-preserving key of a processed logit: a > b (as floats) iff key(a) > key(b), and
+// key(-0) == key(+0). NaN never occurs (the processed logits have none).
+LILY_SAMPLER_HD inline uint32_t logit_key(float logit) {
+  uint32_t bits;
+  std::memcpy(&bits, &logit, sizeof bits);
+  if (bits == 0x80000000u) bits = 0;  // -0 -> +0
+  return (bits & 0x80000000u) != 0 ? ~bits : bits | 0x80000000u;
+}
+LILY_SAMPLER_HD inline float key_logit(uint32_t key) {
+  const uint32_t bits = (key & 0x80000000u) != 0 ? key & 0x7FFFFFFFu : ~key;
+  float logit;
+  std::memcpy(&logit, &bits, sizeof logit);
+  return logit;
+}
+
+// Stage 5's order as one integer: rank_key(a) > rank_key(b) iff a comes first (larger logit,
+// then lower id). 56 bits: the logit key, then 2^24 - 1 - id. 0 ranks after every token.
+LILY_SAMPLER_HD inline uint64_t rank_key(uint32_t key, int32_t id) {
+  return (static_cast<uint64_t>(key) << 24) | (0xFFFFFFu - (static_cast<uint32_t>(id) & 0xFFFFFFu));
+}
+LILY_SAMPLER_HD inline int32_t rank_key_id(uint64_t rank) {
+  return static_cast<int32_t>(0xFFFFFFu - static_cast<uint32_t>(rank & 0xFFFFFFu));
+}
+LILY_SAMPLER_HD inline uint32_t rank_key_logit_key(uint64_t rank) {
+  return static_cast<uint32_t>(rank >> 24);
+}
+
+// q from e^d (the backend's own exp, evaluated only for d > kMassCutoff): round half to even
+// of e^d * 2^40, which is exact in double (a float times a power of two).
+LILY_SAMPLER_HD inline uint64_t mass_from_exp(float e) {
+  const double scaled = static_cast<double>(e) * static_cast<double>(kMassOne);
+  // 2^52 + scaled rounds to an integer, half to even (0 <= scaled <= 2^40), and the low bits of
+  // that double are the integer (its ulp is 1): no float-to-integer conversion, so it vectorises.
+  const double shifted = scaled + 4503599627370496.0;
+  uint64_t bits;
+  std::memcpy(&bits, &shifted, sizeof bits);
+  return bits - 0x4330000000000000u;  // the bits of 2^52
+}
+
+// ceil(top_p * z), exactly (top_p in (0, 1]; a non-positive or NaN top_p gives 1, so that
+// stage 7 keeps one token, and anything above 1 gives z).
+LILY_SAMPLER_HD inline uint64_t top_p_threshold(float top_p, uint64_t z) {
+  if (!(top_p > 0.0f)) return 1;
+  if (top_p >= 1.0f) return z;
+  uint32_t bits;
+  std::memcpy(&bits, &top_p, sizeof bits);
+  const uint32_t exponent = (bits >> 23) & 0xFFu;
+  // top_p = mantissa * 2^-shift with a 24-bit mantissa (a subnormal has no implicit bit).
+  const uint64_t mantissa = exponent == 0 ? (bits & 0x7FFFFFu) : ((bits & 0x7FFFFFu) | 0x800000u);
+  const int shift = exponent == 0 ? 149 : 150 - static_cast<int>(exponent);  // >= 24 here
+  const SamplerU128 product = static_cast<SamplerU128>(mantissa) * z;  // < 2^88
+  if (shift >= 96) return product != 0 ? 1 : 0;                       // below 1, above 0
+  const SamplerU128 one = static_cast<SamplerU128>(1) << shift;
+  return static_cast<uint64_t>((product + one - 1) >> shift);
+}
+
+// ceil(min_p * 2^40): stage 8 keeps q >= this (min_p in [0, 1]; NaN or below 0 gives 0, above
+// 1 gives 2^40, so that the maximum always survives).
+LILY_SAMPLER_HD inline uint64_t min_p_threshold(float min_p) {
+  if (!(min_p > 0.0f)) return 0;
+  if (min_p >= 1.0f) return kMassOne;
+  return static_cast<uint64_t>(std::ceil(static_cast<double>(min_p) * static_cast<double>(kMassOne)));
+}
+
+// floor(u24 * zs / 2^24): the token is the first survivor (id order) whose running mass
+// exceeds this. Below zs, so the last survivor with a mass is always reached.
+LILY_SAMPLER_HD inline uint64_t draw_target(uint32_t u24, uint64_t zs) {
+  return static_cast<uint64_t>((static_cast<SamplerU128>(u24) * zs) >> 24);
+}
+
+#undef LILY_SAMPLER_HD
+
+// Empty when `p` is within the contract for a vocabulary of `vocab` ids, else what is wrong
+// (the CPU backend rejects such parameters; a device backend reads them where the host cannot
+// check, so the host checks them before it uploads them: Engine::upload_sampler).
+inline std::string sampler_params_error(const SamplerParams& p, int64_t vocab) {
+  const auto within = [](float v, float lo, float hi) { return v >= lo && v <= hi; };
+  if (vocab < 1 || vocab > kMaxSamplerVocab) {
+    return "vocab " + std::to_string(vocab) + " is outside [1, " +
+           std::to_string(kMaxSamplerVocab) + "]";
+  }
+  if (!(p.temperature == 0.0f || (p.temperature > 0.0f && p.temperature <= 2.0f))) {
+    return "temperature must be 0 or in (0, 2]";
+  }
+  if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) return "top_p must be in (0, 1]";
+  if (p.top_k < 0) return "top_k must be >= 0";
+  if (!within(p.min_p, 0.0f, 1.0f)) return "min_p must be in [0, 1]";
+  if (!within(p.presence_penalty, -2.0f, 2.0f)) return "presence_penalty must be in [-2, 2]";
+  if (!within(p.frequency_penalty, -2.0f, 2.0f)) return "frequency_penalty must be in [-2, 2]";
+  if (!(p.repetition_penalty > 0.0f && p.repetition_penalty <= 2.0f)) {
+    return "repetition_penalty must be in (0, 2]";
+  }
+  if (p.top_logprobs < -1 || p.top_logprobs > kMaxTopLogprobs) {
+    return "top_logprobs must be in [-1, " + std::to_string(kMaxTopLogprobs) + "]";
+  }
+  if (p.bias_count < 0 || p.bias_count > kMaxLogitBias) {
+    return "bias_count must be in [0, " + std::to_string(kMaxLogitBias) + "]";
+  }
+  std::array<int32_t, kMaxLogitBias> ids{};
+  for (int32_t j = 0; j < p.bias_count; ++j) {
+    const auto at = static_cast<size_t>(j);
+    if (p.bias_ids[at] < 0 || p.bias_ids[at] >= vocab) {
+      return "bias_ids[" + std::to_string(j) + "] = " + std::to_string(p.bias_ids[at]) +
+             " is outside [0, " + std::to_string(vocab) + ")";
+    }
+    if (!within(p.bias_values[at], -100.0f, 100.0f)) {
+      return "bias_values[" + std::to_string(j) + "] must be in [-100, 100]";
+    }
+    ids[at] = p.bias_ids[at];
+  }
+  std::sort(ids.begin(), ids.begin() + p.bias_count);
+  const auto dup = std::adjacent_find(ids.begin(), ids.begin() + p.bias_count);
+  if (dup != ids.begin() + p.bias_count) {
+    return "bias_ids holds " + std::to_string(*dup) + " twice";
+  }
+  return {};
 }
 
 }  // namespace lily

@@ -57,6 +57,12 @@ uint64_t CpuBackend::allocated_bytes() const {
   for (const auto& b : buffers_) bytes += b.size() * sizeof(float);
   for (const auto& b : int_buffers_) bytes += b.size() * sizeof(int32_t);
   for (const auto& b : scratch_) bytes += b.capacity() * sizeof(float);
+  const cpu::SamplerWork& w = sampler_work_;
+  const auto held = [](const auto& v) { return v.capacity() * sizeof(v[0]); };
+  bytes += held(w.processed) + held(w.block_max) + held(w.order_scratch) + held(w.mass) +
+           held(w.blocks) + held(w.block_sums) + held(w.items) + held(w.item_mass) + held(w.items_b) +
+           held(w.item_mass_b) + held(w.picked) + held(w.block_z) + held(w.block_drawable) +
+           held(w.block_positive) + held(w.block_exp);
   return bytes;
 }
 void CpuBackend::read_async(const int32_t* src, int slot) {

@@ -2,12 +2,74 @@
 #pragma once
 
 #include <deque>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
 #include "backend/cpu/thread_pool.h"
 
 namespace lily {
+
+namespace cpu {
+
+// The CPU sampler's grow-only work buffers (src/backend/cpu/sampler.cpp).
+struct SamplerWork {
+  std::vector<float> processed;     // [vocab] logits after stages 1-3
+  std::vector<float> block_max;     // [vocab / 64] max of each 64-id block of `processed`
+  std::vector<float> order_scratch; // [vocab / 64] for the k-th largest block max
+  std::vector<uint64_t> mass;       // [vocab] q of the ids in candidate blocks (general path)
+  std::vector<int32_t> blocks;      // the blocks that can hold a positive mass (candidates)
+  std::vector<uint64_t> block_sums; // [blocks] per candidate block: drawable mass
+  std::vector<uint64_t> block_z;    // [vocab / 64] per block: sum of q
+  std::vector<uint64_t> block_drawable;  // [vocab / 64] per block: sum of q >= q_min
+  std::vector<uint64_t> block_positive;  // [vocab / 64] per block: ids with q > 0
+  std::vector<double> block_exp;    // [vocab / 64] token_logprobs: per block sum of e^(l - M)
+  std::vector<uint64_t> items;      // rank keys (top-k path: its candidates; select scratch)
+  std::vector<uint64_t> item_mass;  // their q (or 1 for a count)
+  std::vector<uint64_t> items_b;    // select scratch
+  std::vector<uint64_t> item_mass_b;
+  std::vector<std::pair<int32_t, uint64_t>> picked;  // top-k path: survivors (id, q)
+};
+
+// How sample_row finds the cuts. automatic: the top-k path for top_k <= kSamplerSmallK, else
+// the general path, which tries a top_p cut among the kSamplerList first ids before it selects
+// over mass bands. Tests force the slower ways to check that every way gives the same draw.
+enum class SamplerPath { automatic, general, bands };
+
+// What one draw decided, for tests (filled when sample_row gets one).
+struct SamplerTrace {
+  bool greedy = false;   // stage 4 (T == 0 or every processed logit -inf)
+  bool fast_path = false;  // the top-k path (k <= kSamplerSmallK) rather than the general one
+  bool list_cut = false;   // the general path found the top_p cut among its first ids
+  uint64_t cut = 0;      // rank_key of the last survivor of stages 5 and 7 (0: none cut)
+  uint64_t z = 0;        // the mass of stage 5's survivors
+  std::vector<int32_t> survivors;  // stage 9's candidates with q > 0, id order
+  std::vector<uint64_t> masses;    // their q
+  int32_t token = -1;
+};
+
+// top_k up to this takes the top-k path: only the k largest logits get a mass.
+inline constexpr int64_t kSamplerSmallK = 1024;
+// The general path's first ids for a top_p cut before it selects over mass bands.
+inline constexpr int64_t kSamplerList = 256;
+
+// One draw of Backend::sample over host arrays, without the counts/step update: the token for
+// draw number `step`. Parameters must be valid (sampler_params_error). The stage 6 exp is
+// sampler_exp. With a pool, the passes over the vocabulary are split over its threads (the
+// result does not depend on it).
+int32_t sample_row(const float* logits, int64_t vocab, const SamplerParams& params,
+                   const int32_t* counts, const int32_t* prompt_seen, uint32_t step,
+                   SamplerWork& work, SamplerTrace* trace = nullptr,
+                   SamplerPath path = SamplerPath::automatic, ThreadPool* pool = nullptr);
+
+// e^d for d in [-30, 0] (the CPU's stage 6 exp; vectorisable, within 2 ulp of e^d).
+float sampler_exp(float d);
+
+// Backend::token_logprobs over host arrays: fills record [TokenRecordLayout::kWords].
+void token_logprobs_row(const float* logits, int64_t vocab, int32_t token, int top_n,
+                        SamplerWork& work, int32_t* record, ThreadPool* pool = nullptr);
+
+}  // namespace cpu
 
 // Not final: tests derive probes from it (e.g. to observe routing margins).
 class CpuBackend : public Backend {
@@ -63,6 +125,13 @@ class CpuBackend : public Backend {
                            const QuantView& shared_down, const float* shared_h,
                            const float* shared_logit, float* out) override;
   void argmax(const float* logits, int64_t n, int64_t vocab, int32_t* out) override;
+  void sample(const float* logits, int64_t vocab, const SamplerBuffers& sampler,
+              int32_t* token_out) override;
+  void token_logprobs(const float* logits, int64_t vocab, const int32_t* token,
+                      const SamplerBuffers& sampler, int32_t* record) override;
+  // Ops run on submit: the words are copied when the read is enqueued.
+  void read_words_async(const int32_t* src, int64_t count, int slot) override;
+  const int32_t* wait_read_words(int slot) override;
 
  private:
   // Scratch that only grows: after the first step of a shape nothing is allocated per call.
@@ -73,6 +142,8 @@ class CpuBackend : public Backend {
   std::vector<float> scratch_[kSlotCount];
   std::vector<int32_t> order_;
   int32_t reads_[2] = {0, 0};
+  int32_t word_reads_[2][TokenRecordLayout::kWords] = {};
+  cpu::SamplerWork sampler_work_;
   std::deque<std::vector<float>> buffers_;
   std::deque<std::vector<int32_t>> int_buffers_;
 };
