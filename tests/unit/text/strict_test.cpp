@@ -56,7 +56,7 @@ TEST(Strict, TopLevel) {
 TEST(Strict, Normalizer) {
   expect_refused(refusal([](OrderedJson& j) { j["normalizer"] = {{"type", "NFKC"}}; }),
                  {"normalizer.type", "\"NFKC\"", "expected \"NFC\""});
-  expect_refused(refusal([](OrderedJson& j) { j["normalizer"] = nullptr; }), {"normalizer is null", "expected an object"});
+  expect_refused(refusal([](OrderedJson& j) { j["normalizer"] = nullptr; }), {"normalizer is null", "expected {\"type\": \"NFC\"}"});
   expect_refused(refusal([](OrderedJson& j) { j.erase("normalizer"); }), {"normalizer is missing"});
 }
 
@@ -75,14 +75,14 @@ TEST(Strict, PreTokenizer) {
                  {"pre_tokenizer.pretokenizers[0].pattern.Regex", "\"\\\\s+\"", "the Qwen3.5/3.6 pattern", "Qwen2/Qwen3 pattern"});
   expect_refused(refusal([](OrderedJson& j) { j["pre_tokenizer"]["pretokenizers"][0]["behavior"] = "Removed"; }),
                  {"pretokenizers[0].behavior", "\"Removed\"", "expected \"Isolated\""});
-  expect_refused(refusal([](OrderedJson& j) { j["pre_tokenizer"]["pretokenizers"][0]["invert"] = true; }),
-                 {"pretokenizers[0].invert", "true", "expected false"});
+  expect_refused(refusal([](OrderedJson& j) { j["pre_tokenizer"]["pretokenizers"][0]["invert"] = 0; }),
+                 {"pretokenizers[0].invert", "number 0", "expected true or false"});
   expect_refused(refusal([](OrderedJson& j) { j["pre_tokenizer"]["pretokenizers"][1]["add_prefix_space"] = true; }),
                  {"pretokenizers[1].add_prefix_space", "expected false"});
   expect_refused(refusal([](OrderedJson& j) { j["pre_tokenizer"]["pretokenizers"][1]["use_regex"] = true; }),
                  {"pretokenizers[1].use_regex", "expected false"});
   expect_refused(refusal([](OrderedJson& j) { j["pre_tokenizer"]["pretokenizers"][1].erase("trim_offsets"); }),
-                 {"pretokenizers[1].trim_offsets is missing", "expected false"});
+                 {"pretokenizers[1].trim_offsets is missing", "expected true or false"});
 }
 
 TEST(Strict, Qwen2PatternIsAccepted) {
@@ -96,8 +96,8 @@ TEST(Strict, PostProcessorAndDecoder) {
                  {"post_processor"});
   EXPECT_EQ(refusal([](OrderedJson& j) { j["post_processor"] = nullptr; }), "");
   expect_refused(refusal([](OrderedJson& j) { j["decoder"] = {{"type", "Metaspace"}}; }), {"decoder"});
-  expect_refused(refusal([](OrderedJson& j) { j["decoder"]["add_prefix_space"] = true; }),
-                 {"decoder.add_prefix_space", "expected false"});
+  // The decoder's flags change nothing (tokenizer_json_variants_test.cpp has the variants).
+  EXPECT_EQ(refusal([](OrderedJson& j) { j["decoder"]["add_prefix_space"] = true; }), "");
   expect_refused(refusal([](OrderedJson& j) { j.erase("decoder"); }), {"decoder is missing"});
 }
 
@@ -105,10 +105,8 @@ TEST(Strict, ModelOptions) {
   expect_refused(refusal([](OrderedJson& j) { j["model"]["type"] = "WordPiece"; }),
                  {"model.type", "\"WordPiece\"", "expected \"BPE\""});
   expect_refused(refusal([](OrderedJson& j) { j["model"]["dropout"] = 0.1; }), {"model.dropout", "0.1", "expected null"});
-  expect_refused(refusal([](OrderedJson& j) { j["model"]["unk_token"] = "<unk>"; }), {"model.unk_token", "<unk>", "expected null"});
-  expect_refused(refusal([](OrderedJson& j) { j["model"]["byte_fallback"] = true; }), {"model.byte_fallback", "expected false"});
-  expect_refused(refusal([](OrderedJson& j) { j["model"]["ignore_merges"] = true; }), {"model.ignore_merges", "expected false"});
-  expect_refused(refusal([](OrderedJson& j) { j["model"]["fuse_unk"] = true; }), {"model.fuse_unk", "expected false"});
+  // unk_token, byte_fallback, fuse_unk and ignore_merges are accepted with any value
+  // (tokenizer_json_variants_test.cpp).
   expect_refused(refusal([](OrderedJson& j) { j["model"]["continuing_subword_prefix"] = "##"; }),
                  {"model.continuing_subword_prefix", "\"##\"", "expected \"\" or null"});
   expect_refused(refusal([](OrderedJson& j) { j["model"]["end_of_word_suffix"] = "</w>"; }), {"model.end_of_word_suffix"});
@@ -186,7 +184,7 @@ TEST(Strict, Merges) {
 
 TEST(Strict, AddedTokens) {
   expect_refused(refusal([](OrderedJson& j) { j["added_tokens"][0]["id"] = 9999; }),
-                 {"added_tokens[0].id", "9999", "expected 300 (added tokens follow the vocab in order)"});
+                 {"added_tokens[0].id", "9999", "expected 300 (added tokens follow the vocab in order"});
   expect_refused(refusal([](OrderedJson& j) { std::swap(j["added_tokens"][0], j["added_tokens"][1]); }),
                  {"added_tokens[0].id", "expected 300"});
   expect_refused(refusal([](OrderedJson& j) { j["added_tokens"][2]["lstrip"] = true; }),
@@ -196,7 +194,7 @@ TEST(Strict, AddedTokens) {
   expect_refused(refusal([](OrderedJson& j) { j["added_tokens"][2]["normalized"] = true; }),
                  {"added_tokens[2].normalized", "true", "expected false"});
   expect_refused(refusal([](OrderedJson& j) { j["added_tokens"][2].erase("normalized"); }),
-                 {"added_tokens[2].normalized is missing", "expected false"});
+                 {"added_tokens[2].normalized is missing", "expected false", "HF tokenizers refuses"});
   expect_refused(refusal([](OrderedJson& j) { j["added_tokens"][2]["content"] = "<|endoftext|>"; }),
                  {"added_tokens[2].content", "again", "expected distinct contents"});
   expect_refused(refusal([](OrderedJson& j) { j["added_tokens"][2]["content"] = "a"; }),
