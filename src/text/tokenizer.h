@@ -19,7 +19,8 @@ namespace lily {
 // kinds parse_tokenizer_json accepts:
 //   encode: added tokens are found in the raw text first (leftmost, then longest); each
 //     stretch between them is NFC-normalised, split by the Split pattern, and every piece
-//     is BPE-merged from its bytes. Nothing is added at either end.
+//     is BPE-merged from its bytes (with model.ignore_merges, a piece that is itself a vocab
+//     token is taken whole, as HF does). Nothing is added at either end.
 //   decode: ids map to their tokens' bytes (ByteLevel decoding), added tokens whose
 //     "special" flag is set are dropped when skip_special_tokens is true, ids that are
 //     not in the tokenizer are dropped (as HF does), and ill-formed UTF-8 in the joined

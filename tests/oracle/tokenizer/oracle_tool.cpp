@@ -128,7 +128,8 @@ int main(int argc, char** argv) {
     for (char32_t cp = 0; cp <= 0x10FFFF; ++cp) {
       if (cp >= 0xD800 && cp <= 0xDFFF) continue;
       if (!lily::unicode::is_assigned(cp) || !nfc_relevant(cp)) continue;
-      out += (out.size() == 1 ? "" : ",") + std::to_string(cp);
+      if (out.size() > 1) out += ',';
+      out += std::to_string(cp);
     }
     out += "]\n";
     std::fputs(out.c_str(), stdout);
