@@ -119,15 +119,21 @@ fi
 
 if has_stage sampling; then
   ensure_full
-  # Greedy and the sampling arm alternately, twice, in one process each (same machine state).
-  for ctx in ${LILY_PROFILE_CONTEXTS//,/ }; do
-    for round in 1 2; do
-      for arm in greedy sampling; do
-        flags=()
-        [ "$arm" = sampling ] && flags=(--sampling)
-        echo -n "ctx $ctx $arm round $round: "
-        timeout 150 "$lily" bench --model "$ckpt" --prompt-len "$ctx" --device cuda "${flags[@]}" \
-          --json-out "$out/bench-$ctx-$arm-$round.json" 2>&1 | tail -1
+  # Greedy and the sampling arm alternately, twice, in one process each (same machine state),
+  # on CUDA and (LILY_SAMPLING_CPU=1, the default) on the host's cores.
+  devices=cuda
+  [ "${LILY_SAMPLING_CPU:-1}" = 1 ] && devices="cuda cpu"
+  for device in $devices; do
+    for ctx in ${LILY_PROFILE_CONTEXTS//,/ }; do
+      for round in 1 2; do
+        for arm in greedy sampling; do
+          flags=()
+          [ "$arm" = sampling ] && flags=(--sampling)
+          [ "$device" = cpu ] && flags+=(--threads "${LILY_THREADS:-16}")
+          echo -n "$device ctx $ctx $arm round $round: "
+          timeout 150 "$lily" bench --model "$ckpt" --prompt-len "$ctx" --device "$device" "${flags[@]}" \
+            --json-out "$out/bench-$device-$ctx-$arm-$round.json" 2>&1 | tail -1
+        done
       done
     done
   done
@@ -138,11 +144,11 @@ if has_stage server; then
   start=$(date +%s)
   # The suites start their own servers; LILY_SERVE_EXTRA_ARGS is appended to every
   # `lily serve` they start (tests/server/lily_server_harness.py).
-  for group in ${LILY_SERVER_GROUPS:-sse-format,sse-equivalence,sse-disconnect,validation,output}; do
+  for group in ${LILY_SERVER_GROUPS:-sse-stream,sse-text,sse-fields,sse-cancel,validation,output}; do
     suite=tests/server/test_http_raw.py
     case $group in sse-*) suite=tests/server/test_sse.py; group=${group#sse-} ;; esac
     for model in tiny full; do
-      [ "$model" = full ] && [ "$group" != format ] && [ "$group" != equivalence ] && continue
+      [ "$model" = full ] && [ "$group" != stream ] && continue  # a server start loads 19.5 GB
       model_dir=$tiny; [ "$model" = full ] && model_dir=$ckpt
       echo -n "server $(basename $suite) $group on $model (cuda): "
       LILY_SERVE_EXTRA_ARGS="--device cuda" LILY_TEST_MODEL="$model_dir" timeout 300 \
