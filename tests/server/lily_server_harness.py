@@ -347,9 +347,15 @@ def long_text(words: int, seed: int = 7) -> str:
 
 
 class Checkpoint:
-    """A tiny synthetic checkpoint in a temporary directory."""
+    """A tiny synthetic checkpoint in a temporary directory, or, when LILY_TEST_MODEL names a
+    checkpoint directory (tools/gpu/run.sh: the full synthetic one), that one, untouched."""
 
     def __init__(self, lily: str, seed: int = 1):
+        given = os.environ.get("LILY_TEST_MODEL")
+        if given and seed == 1:
+            self._tmp = None
+            self.path = given
+            return
         self._tmp = tempfile.TemporaryDirectory(prefix="lily-http-ckpt-")
         self.path = os.path.join(self._tmp.name, "tiny")
         result = subprocess.run(
@@ -361,7 +367,8 @@ class Checkpoint:
                                f"{result.stderr.decode(errors='replace')}")
 
     def cleanup(self):
-        self._tmp.cleanup()
+        if self._tmp is not None:
+            self._tmp.cleanup()
 
 
 # Servers not stopped yet: killed at interpreter exit so that a crashed test leaves no process.
@@ -386,7 +393,9 @@ class LilyServer:
     def __init__(self, lily: str, model: str, *args: str, bind: str = "127.0.0.1:0",
                  env: dict[str, str] | None = None, strict: bool = False):
         self.lily = lily
-        self.argv = [lily, "serve", "--model", model, "--bind", bind, *args]
+        # LILY_SERVE_EXTRA_ARGS (e.g. "--device cuda" on the GPU machine) goes to every server.
+        extra = os.environ.get("LILY_SERVE_EXTRA_ARGS", "").split()
+        self.argv = [lily, "serve", "--model", model, "--bind", bind, *extra, *args]
         self.strict = strict or "--strict" in args
         if strict:  # Lily's contract exactly (unknown fields refused, no streaming, greedy)
             self.argv.append("--strict")
