@@ -395,6 +395,17 @@ class LilyServer:
         self.lily = lily
         # LILY_SERVE_EXTRA_ARGS (e.g. "--device cuda" on the GPU machine) goes to every server.
         extra = os.environ.get("LILY_SERVE_EXTRA_ARGS", "").split()
+        if "cuda" in extra:  # --threads is the CPU backend's (lily serve refuses it with cuda)
+            kept: list[str] = []
+            skip = False
+            for arg in args:
+                if skip:
+                    skip = False
+                elif arg == "--threads":
+                    skip = True
+                else:
+                    kept.append(arg)
+            args = tuple(kept)
         self.argv = [lily, "serve", "--model", model, "--bind", bind, *extra, *args]
         self.strict = strict or "--strict" in args
         if strict:  # Lily's contract exactly (unknown fields refused, no streaming, greedy)
