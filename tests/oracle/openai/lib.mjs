@@ -126,9 +126,11 @@ function serverEnv() {
 // Starts `lily serve --model DIR --bind 127.0.0.1:0 --threads 2 ARGS...` (with `strict: true`
 // also `--strict`: Lily's contract exactly, docs/api.md; otherwise the default openai mode)
 // and resolves once the "serving ... on http://127.0.0.1:PORT" line is printed, which must
-// name that mode. Every stderr line is kept in `lines`.
-export async function startServer(model, args = [], { readyTimeoutMs = 60000, strict = false } = {}) {
-  const argv = ['serve', '--model', model, '--bind', '127.0.0.1:0', '--threads', '2', ...args];
+// name that mode. Every stderr line is kept in `lines`. `threads: 1` for tests that time a
+// long generation: the CPU thread pool spins for its workers, and with every core busy
+// (CTest running suites in parallel) two threads decode many times slower than one.
+export async function startServer(model, args = [], { readyTimeoutMs = 60000, strict = false, threads = 2 } = {}) {
+  const argv = ['serve', '--model', model, '--bind', '127.0.0.1:0', '--threads', String(threads), ...args];
   if (strict) argv.push('--strict');
   const mode = strict || args.includes('--strict') ? 'strict' : 'openai';
   const proc = spawn(config.lily, argv, { stdio: ['ignore', 'ignore', 'pipe'], env: serverEnv() });
@@ -231,7 +233,40 @@ export function hfTokenizer(checkpointDir) {
     async decode(ids) {
       return tok.decode(ids, true); // skip_special_tokens = true, as the server's content
     },
+    // The vocabulary entry of an id (ByteLevel spelling: " k" is "Ġk"), and back.
+    idToToken(id) {
+      return tok.idToToken(id);
+    },
+    tokenToId(token) {
+      return tok.tokenToId(token);
+    },
   };
+}
+
+// GPT-2's ByteLevel alphabet: byte b <-> the character the vocabulary spells it with.
+const BYTE_LEVEL = (() => {
+  const printable = [];
+  for (let b = 0x21; b <= 0x7e; b++) printable.push(b);
+  for (let b = 0xa1; b <= 0xac; b++) printable.push(b);
+  for (let b = 0xae; b <= 0xff; b++) printable.push(b);
+  const toChar = new Map(printable.map((b) => [b, String.fromCodePoint(b)]));
+  let extra = 0;
+  for (let b = 0; b < 256; b++) if (!toChar.has(b)) toChar.set(b, String.fromCodePoint(256 + extra++));
+  return { toChar, toByte: new Map([...toChar].map(([b, c]) => [c, b])) };
+})();
+
+// The bytes a ByteLevel vocabulary entry stands for.
+export function byteLevelBytes(token) {
+  return Array.from(token, (c) => {
+    const b = BYTE_LEVEL.toByte.get(c);
+    if (b === undefined) throw new Error(`not a ByteLevel character: ${JSON.stringify(c)}`);
+    return b;
+  });
+}
+
+// The ByteLevel vocabulary spelling of bytes.
+export function byteLevelToken(bytes) {
+  return Array.from(bytes, (b) => BYTE_LEVEL.toChar.get(b)).join('');
 }
 
 export const EMPTY_THINK = '<think>\n\n</think>\n\n';
