@@ -212,6 +212,17 @@ class SseTest(unittest.TestCase):
                           logprobs=bool(fields.get("logprobs")))
         return result
 
+    def precondition(self, holds: bool, message: str):
+        """A fact of the tiny seed-1 checkpoint a test builds on. With LILY_TEST_MODEL naming
+        another checkpoint (tools/gpu/run.sh) a test whose fact does not hold there is skipped,
+        visibly; on the tiny checkpoint it fails."""
+        if holds:
+            return
+        if os.environ.get("LILY_TEST_MODEL"):
+            self.skipTest(f"SKIPPED: {message} does not hold for LILY_TEST_MODEL="
+                          f"{os.environ['LILY_TEST_MODEL']}")
+        self.fail(f"precondition: {message}")
+
     # --- the wire format
     def check_stream(self, result: StreamResult, include_usage: bool, logprobs: bool):
         """OpenAI's chunk sequence, exactly (openai-clients.md §2, docs/api.md Streaming)."""
@@ -360,8 +371,8 @@ class StreamTests(SseTest):
 
     def test_stop_token_ends_the_stream_with_stop(self):
         plain = self.complete(STOP_QUESTION, 4)
-        self.assertEqual(plain["choices"][0]["finish_reason"], "stop",
-                         f"precondition: {STOP_QUESTION!r} stops within 4 tokens on seed 1")
+        self.precondition(plain["choices"][0]["finish_reason"] == "stop",
+                          f"{STOP_QUESTION!r} stops within 4 tokens on seed 1")
         result = self.stream(STOP_QUESTION, 4, stream_options={"include_usage": True})
         self.assertEqual(result.finish_reason, "stop")
         self.assertEqual(result.content, plain["choices"][0]["message"]["content"])
@@ -474,7 +485,7 @@ class TextTests(SseTest):
         entries = plain["choices"][0]["logprobs"]["content"]
         data = b"".join(bytes(e["bytes"]) for e in entries)
         self.assertEqual(set(data), {0xC3, 0xA9}, data)
-        self.assertIn(b"\xc3\xa9", data, "precondition: an é split over two tokens")
+        self.precondition(b"\xc3\xa9" in data, "the biased answer has an é split over two tokens")
         expected = data.decode("utf-8", errors="replace")
         self.assertEqual(plain["choices"][0]["message"]["content"], expected)
         self.assertEqual([e["token"] for e in entries],
@@ -500,7 +511,7 @@ class TextTests(SseTest):
                 entries = plain["choices"][0]["logprobs"]["content"]
                 split_found += len(split_characters(entries))
                 self.check_streams_like_plain(prompt, 32)
-        self.assertGreater(split_found, 0, "no character split over tokens: the test lost its teeth")
+        self.precondition(split_found > 0, "a greedy answer splits a character over two tokens")
 
     def stop_case(self, prompt: str, max_tokens: int = 40):
         """A greedy answer and a stop string inside it that spans a token boundary: returns
@@ -637,7 +648,7 @@ class TextTests(SseTest):
                        {"frequency_penalty": 2}, {"repetition_penalty": 2}, {"min_p": 1}):
             with self.subTest(fields=fields):
                 body = self.complete("Sampling", 6, **fields)
-                self.assertEqual(body["usage"]["completion_tokens"] <= 6, True)
+                self.assertLessEqual(body["usage"]["completion_tokens"], 6)
                 result = self.stream("Sampling", 6, **fields)
                 self.assertIn(result.finish_reason, ("stop", "length"))
 
