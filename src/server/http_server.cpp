@@ -74,6 +74,7 @@ struct StreamChannel {
   mutable std::mutex mutex;
   std::deque<std::string> pending;  // writes not yet handed to the socket, in order
   size_t unsent = 0;                // payload bytes pending or in the socket write in flight
+  size_t queued = 0;                // payload bytes pending (not yet in a socket write)
   bool advance_posted = false;      // an advance task is queued on the strand
   bool failed = false;
   std::string reason;  // why it failed, for the log line
@@ -301,6 +302,9 @@ class HttpServer::Connection : public std::enable_shared_from_this<Connection> {
       if (n > 0) return;
       // n == 0: orderly close; n < 0: reset or another error. Either way, gone.
     }
+    // The last chunk already handed to the socket: a client that read it and closed is done,
+    // not gone; the write's own completion decides (an error there still logs 499).
+    if (stream_ && stream_last_queued_) return;
     if (client_gone_) client_gone_->store(true, std::memory_order_release);
     if (stream_) {
       // Mid-stream: later writes are refused; the connection closes (see advance_stream).
@@ -448,14 +452,17 @@ class HttpServer::Connection::Stream final : public ResponseStream {
     StreamChannel& channel = *channel_;
     if (channel.failed || channel.finish_called) return false;
     if (bytes.empty()) return true;  // an empty chunk would end a chunked body
-    // unsent <= limit always, so this cannot wrap.
-    if (bytes.size() > channel.limit - channel.unsent) {
+    // The bound is on the backlog behind the socket write in flight: a write with nothing
+    // queued behind it always goes out (a single frame larger than the bound, e.g. one with 20
+    // top_logprobs, is not a slow client); memory stays below twice the bound plus a frame.
+    if (channel.queued > 0 && bytes.size() > channel.limit - std::min(channel.limit, channel.queued)) {
       channel.fail_locked("client too slow: " + std::to_string(channel.unsent + bytes.size()) +
                           " bytes unsent");
       post_advance_locked();  // closes the connection
       return false;
     }
     channel.unsent += bytes.size();
+    channel.queued += bytes.size();
     channel.pending.push_back(std::move(bytes));
     post_advance_locked();
     return true;
@@ -564,7 +571,20 @@ void HttpServer::Connection::begin_stream(std::shared_ptr<StreamChannel> channel
 }
 
 void HttpServer::Connection::advance_stream(std::shared_ptr<StreamChannel> channel) {
-  if (!channel || channel != stream_ || stream_writing_) return;  // stale, or a write in flight
+  if (!channel || channel != stream_) return;  // stale
+  if (stream_writing_) {
+    // A write in flight: its completion advances. But a failed stream (a slow reader past the
+    // bound, a disconnect) closes now, not when that write times out: closing aborts the
+    // write, whose completion then completes the stream.
+    bool failed = false;
+    {
+      std::lock_guard lock(channel->mutex);
+      channel->advance_posted = false;
+      failed = channel->failed;
+    }
+    if (failed) close();
+    return;
+  }
   bool failed = false;
   bool finished = false;
   std::deque<std::string> chunks;
@@ -573,7 +593,10 @@ void HttpServer::Connection::advance_stream(std::shared_ptr<StreamChannel> chann
     channel->advance_posted = false;
     failed = channel->failed;
     finished = channel->finish_called;
-    if (!failed) chunks.swap(channel->pending);
+    if (!failed) {
+      chunks.swap(channel->pending);
+      channel->queued = 0;
+    }
   }
   if (failed) {
     close();  // cancels the disconnect watch too; what was queued is dropped

@@ -33,8 +33,9 @@ struct HttpLimits {
   // much longer.
   std::chrono::milliseconds write_timeout{30000};
   size_t max_connections = 512;  // beyond this, new connections get 503 and are closed
-  // A stream's bytes queued and not yet written (a client that stops reading): past this the
-  // stream fails (client_gone set, connection closed, logged 499).
+  // A stream's bytes queued behind the socket write in flight (a client that stops reading):
+  // past this the stream fails (client_gone set, connection closed at once, logged 499). A
+  // write with nothing queued behind the one in flight always goes out, however large.
   size_t max_stream_buffer_bytes = 1048576;
 };
 
@@ -61,7 +62,8 @@ class ResponseStream {
   // Queues bytes for the client, written in order, each write flushed as soon as the socket takes
   // it (no Nagle: TCP_NODELAY). Returns false, dropping them, once the stream has failed: the
   // client is gone (closed, reset, write error, write_timeout) or more than
-  // HttpLimits::max_stream_buffer_bytes would be queued and not yet written (a slow reader).
+  // HttpLimits::max_stream_buffer_bytes would be queued behind the socket write in flight (a
+  // slow reader; a write with nothing queued before it always goes out).
   // On failure the request's client_gone flag is set (so the engine cancels the request), the
   // connection is closed and the failure reason is kept for the log line. Never blocks. An
   // empty write is a no-op (returns !failed()); a write after finish() returns false.

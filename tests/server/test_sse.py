@@ -18,7 +18,7 @@ Timing: the cancel group measures the decode rate on its own server first and bo
 "promptly" relative to how long the long request would have run (a loaded CI machine slows
 both alike); what decides those tests is the log (499 and its reason) and the token counts.
 
-Tests for server bugs these tests found carry a "KNOWN SERVER BUG" comment.
+Tests for server bugs these tests found (fixed in http_server.cpp since) carry a "FOUND SERVER BUG" comment.
 """
 
 from __future__ import annotations
@@ -1033,7 +1033,7 @@ class CancelTests(SseTest):
         completion = int(re.search(r"completion=(\d+)", line).group(1))
         self.assertLess(completion, self.LONG_TOKENS)
 
-    # KNOWN SERVER BUG: when a slow reader's stream fails ("client too slow: N bytes unsent"),
+    # FOUND SERVER BUG (fixed): when a slow reader's stream fails ("client too slow: N bytes unsent"),
     # the engine drops the request at once, but the connection is closed, and the request
     # logged, only when the socket write in flight ends: after the 30 s write timeout for a
     # client that never reads. HttpServer::Connection::advance_stream returns early while a
@@ -1049,7 +1049,7 @@ class CancelTests(SseTest):
         self.assertLess(late, 10, f"the slow reader's stream was logged (and closed) {late:.1f}s "
                                   f"after the engine had dropped it: {run['line']}")
 
-    # KNOWN SERVER BUG: with --stream-buffer smaller than one chunk (the flag accepts 1024 and
+    # FOUND SERVER BUG (fixed): with --stream-buffer smaller than one chunk (the flag accepts 1024 and
     # up; a chunk with 20 top logprobs is about 1.6-2.5 KB), the very first content chunk
     # fails the stream as "client too slow: N bytes unsent" although nothing is queued and
     # the client reads at once: the limit is checked against the frame's size, not against a
@@ -1070,7 +1070,7 @@ class CancelTests(SseTest):
         finally:
             self.assertEqual(server.stop(), 0)
 
-    # KNOWN SERVER BUG: a client that reads a stream to its very end (the last chunk, after
+    # FOUND SERVER BUG (fixed): a client that reads a stream to its very end (the last chunk, after
     # data: [DONE]) and then closes at once is sometimes logged 499 error="client disconnected"
     # instead of 200: about 1 stream in 40 here. The disconnect watch sees the close before
     # the strand has run the completion of the write that carried the last chunk, and fails
