@@ -13,6 +13,9 @@
 #                                    and the full synthetic checkpoints, then the streaming
 #                                    figure (tools/loadtest/stream_bench.py vs lily bench)
 #                        sampling    lily bench greedy and --sampling at LILY_PROFILE_CONTEXTS
+#                                    (LILY_SAMPLING_ROUNDS rounds, default 2; LILY_SAMPLING_CPU=0
+#                                    leaves out the host-CPU arms); the server stage takes
+#                                    LILY_SERVER_GROUPS and LILY_SERVER_MODELS (default tiny full)
 #                        bench-cpu-tiny  the CPU bench matrix of the tiny profile on one core
 #                                    (LILY_TINY_CONTEXTS, default 256,512,1024,2048; 256 steps)
 #                        profile     Nsight Compute kernel durations of a short full-checkpoint
@@ -125,7 +128,7 @@ if has_stage sampling; then
   [ "${LILY_SAMPLING_CPU:-1}" = 1 ] && devices="cuda cpu"
   for device in $devices; do
     for ctx in ${LILY_PROFILE_CONTEXTS//,/ }; do
-      for round in 1 2; do
+      for round in $(seq "${LILY_SAMPLING_ROUNDS:-2}"); do
         for arm in greedy sampling; do
           flags=()
           [ "$arm" = sampling ] && flags=(--sampling)
@@ -147,7 +150,7 @@ if has_stage server; then
   for group in ${LILY_SERVER_GROUPS:-sse-stream,sse-text,sse-fields,sse-cancel,validation,output}; do
     suite=tests/server/test_http_raw.py
     case $group in sse-*) suite=tests/server/test_sse.py; group=${group#sse-} ;; esac
-    for model in tiny full; do
+    for model in ${LILY_SERVER_MODELS:-tiny full}; do
       [ "$model" = full ] && [ "$group" != stream ] && continue  # a server start loads 19.5 GB
       model_dir=$tiny; [ "$model" = full ] && model_dir=$ckpt
       echo -n "server $(basename $suite) $group on $model (cuda): "
