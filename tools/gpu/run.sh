@@ -147,7 +147,8 @@ if has_stage server; then
   start=$(date +%s)
   # The suites start their own servers; LILY_SERVE_EXTRA_ARGS is appended to every
   # `lily serve` they start (tests/server/lily_server_harness.py).
-  for group in ${LILY_SERVER_GROUPS:-sse-stream,sse-text,sse-fields,sse-cancel,validation,output}; do
+  groups=${LILY_SERVER_GROUPS:-sse-stream,sse-text,sse-fields,sse-cancel,validation,output}
+  for group in ${groups//,/ }; do
     suite=tests/server/test_http_raw.py
     case $group in sse-*) suite=tests/server/test_sse.py; group=${group#sse-} ;; esac
     for model in ${LILY_SERVER_MODELS:-tiny full}; do

@@ -93,8 +93,8 @@ def main() -> int:
         "stream_options": {"include_usage": True},
     }).encode()
     runs = [one_run(host, int(port), body, args.timeout) for _ in range(args.runs)]
-XX
-    # prefix, so report the median of all but the first.
+    # The first run also captures the decode graph (a one-off per server), so the medians
+    # leave it out.
     steady = runs[1:] if len(runs) > 1 else runs
     summary = {
         "runs": runs,
