@@ -5,21 +5,6 @@
 
 namespace lily {
 
-// TEMP defaults until the CPU and CUDA sampler ops land (then these become pure virtual).
-void Backend::sample(const float*, int64_t, const SamplerBuffers&, int32_t*) {
-  throw std::logic_error(name() + ": sample not implemented yet");
-}
-void Backend::token_logprobs(const float*, int64_t, const int32_t*, const SamplerBuffers&,
-                             int32_t*) {
-  throw std::logic_error(name() + ": token_logprobs not implemented yet");
-}
-void Backend::read_words_async(const int32_t*, int64_t, int) {
-  throw std::logic_error(name() + ": read_words_async not implemented yet");
-}
-const int32_t* Backend::wait_read_words(int) {
-  throw std::logic_error(name() + ": wait_read_words not implemented yet");
-}
-
 void Backend::matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t n) {
   for (const MatmulTarget& t : targets) {
     if (t.w == nullptr) throw std::invalid_argument(name() + " matmul_group: null weight");

@@ -228,23 +228,26 @@ class Backend {
   // that order), reading the parameters, counts, prompt_seen and step from `sampler`; then
   // counts[token] += 1 and step += 1, and *token_out = the token.   logits [vocab] f32
   // (left unchanged); token_out [1] i32. Deterministic: the same logits, buffers and step give
-  // the same token on every run of a build (and, but for float rounding at a boundary, on
-  // every backend).
+  // the same token on every run and on every backend (sampling.h: the stages are exact f32
+  // and integer arithmetic). vocab in [1, kMaxSamplerVocab]. The parameters must pass
+  // sampler_params_error: the CPU checks them (std::invalid_argument); a device backend reads
+  // them where it cannot check them, so the host checks them before it uploads them.
   virtual void sample(const float* logits, int64_t vocab, const SamplerBuffers& sampler,
-                      int32_t* token_out);  // TEMP default: throws (sampler in progress)
+                      int32_t* token_out) = 0;
 
   // The log-probabilities of one step for the API's logprobs (TokenRecordLayout): log_softmax
-  // of the raw logits at *token, and the n = top_logprobs (from sampler.params, 0..20) largest
-  // logits' ids and log-probabilities.    logits [vocab] f32; token [1] i32 < vocab;
-  // record [TokenRecordLayout::kWords] i32.
+  // of the raw logits at *token, and the n = top_logprobs (from sampler.params; -1 counts as 0;
+  // at most vocab) largest logits' ids and log-probabilities, the unused slots 0. NaN logits
+  // count as -inf and +inf as FLT_MAX, as for sample. logits [vocab] f32; token [1] i32 <
+  // vocab; record [TokenRecordLayout::kWords] i32. Only sampler.params is read.
   virtual void token_logprobs(const float* logits, int64_t vocab, const int32_t* token,
-                              const SamplerBuffers& sampler, int32_t* record);  // TEMP default: throws
+                              const SamplerBuffers& sampler, int32_t* record) = 0;
 
   // Asynchronous delivery of `count` i32 (at most TokenRecordLayout::kWords) to host slot
   // `slot` (0 or 1), like read_async; wait_read_words blocks until that copy is done and
   // returns the slot's words (valid until the slot is used again).
-  virtual void read_words_async(const int32_t* src, int64_t count, int slot);  // TEMP
-  virtual const int32_t* wait_read_words(int slot);  // TEMP
+  virtual void read_words_async(const int32_t* src, int64_t count, int slot) = 0;
+  virtual const int32_t* wait_read_words(int slot) = 0;
 };
 
 // The CPU backend (src/backend/cpu). threads = 0: all cores.

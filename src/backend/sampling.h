@@ -42,10 +42,11 @@ inline constexpr int kMaxTopLogprobs = 20;
 //     the token is the argmax (stage 4).
 //   * Stage 5's order compares processed logits as floats (-0 == +0), then ids: rank_key.
 //   * Stage 6's masses are integers: q = round-half-even(e^d * 2^kMassBits) with
-//     d = (l - M) / T in f32 (two roundings), so the maximum has q = 2^40 and every logit
-//     with d <= kMassCutoff has q = 0 (e^-30 * 2^40 < 0.11). Only e^d may differ between
-//     backends (by its last bits); everything after it is exact integer arithmetic, so
-//     parallel sums in any order give the same result.
+//     d = (l - M) / T in f32 (two roundings) and e^d = sampler_exp(d), so the maximum has
+//     q = 2^40 and every logit with d <= kMassCutoff has q = 0 (e^-30 * 2^40 < 0.11): the
+//     same bits on every backend (sampler_mass). Everything after it is exact integer
+//     arithmetic, so parallel sums in any order give the same result, and every backend draws
+//     the same token from the same logits.
 //   * Stage 7 keeps the shortest prefix (at least one) with sum(q) >= top_p_threshold(top_p,
 //     Z), Z = the mass of stage 5's survivors. Stage 8 keeps q >= min_p_threshold(min_p)
 //     (p / p_max = q / 2^40: the maximum always survives stages 5 and 7).
@@ -170,8 +171,63 @@ LILY_SAMPLER_HD inline uint32_t rank_key_logit_key(uint64_t rank) {
   return static_cast<uint32_t>(rank >> 24);
 }
 
-// q from e^d (the backend's own exp, evaluated only for d > kMassCutoff): round half to even
-// of e^d * 2^40, which is exact in double (a float times a power of two).
+// f32 operations rounded once each: on the device as intrinsics (nvcc would fuse a multiply and
+// an add into an FMA); host code that uses them must not contract either (the CPU sampler is
+// compiled with -ffp-contract=off semantics).
+LILY_SAMPLER_HD inline float sampler_add(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fadd_rn(a, b);
+#else
+  return a + b;
+#endif
+}
+LILY_SAMPLER_HD inline float sampler_sub(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fsub_rn(a, b);
+#else
+  return a - b;
+#endif
+}
+LILY_SAMPLER_HD inline float sampler_mul(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fmul_rn(a, b);
+#else
+  return a * b;
+#endif
+}
+LILY_SAMPLER_HD inline float sampler_div(float a, float b) {
+#if defined(__CUDA_ARCH__)
+  return __fdiv_rn(a, b);
+#else
+  return a / b;
+#endif
+}
+
+// Stage 6's exp, the same bits on every backend: e^x for x in [-87, 0] (below: e^-87) within
+// 2 ulp; e^0 is exactly 1. x = n ln2 + r with |r| <= ln2/2 (Cody-Waite: ln2 in two parts, so
+// that n * 0.693359375 is exact), e^r by Cephes' expf polynomial, 2^n from its exponent bits.
+// No branch and no call: the CPU's loops vectorise it.
+LILY_SAMPLER_HD inline float sampler_exp(float x) {
+  x = x < -87.0f ? -87.0f : x;
+  const float n = sampler_sub(sampler_add(sampler_mul(x, 1.44269504088896341f), 12582912.0f),
+                              12582912.0f);  // round(x / ln2), half to even
+  const float r = sampler_sub(sampler_sub(x, sampler_mul(n, 0.693359375f)),
+                              sampler_mul(n, -2.12194440e-4f));
+  float p = 1.9875691500e-4f;
+  p = sampler_add(sampler_mul(p, r), 1.3981999507e-3f);
+  p = sampler_add(sampler_mul(p, r), 8.3334519073e-3f);
+  p = sampler_add(sampler_mul(p, r), 4.1665795894e-2f);
+  p = sampler_add(sampler_mul(p, r), 1.6666665459e-1f);
+  p = sampler_add(sampler_mul(p, r), 5.0000001201e-1f);
+  const float er = sampler_add(sampler_add(sampler_mul(p, sampler_mul(r, r)), r), 1.0f);
+  const int32_t bits = (static_cast<int32_t>(n) + 127) * (1 << 23);
+  float scale;
+  std::memcpy(&scale, &bits, sizeof scale);
+  return sampler_mul(er, scale);
+}
+
+// q from e^d (evaluated only for d > kMassCutoff): round half to even of e^d * 2^40, which is
+// exact in double (a float times a power of two).
 LILY_SAMPLER_HD inline uint64_t mass_from_exp(float e) {
   const double scaled = static_cast<double>(e) * static_cast<double>(kMassOne);
   // 2^52 + scaled rounds to an integer, half to even (0 <= scaled <= 2^40), and the low bits of
@@ -180,6 +236,14 @@ LILY_SAMPLER_HD inline uint64_t mass_from_exp(float e) {
   uint64_t bits;
   std::memcpy(&bits, &shifted, sizeof bits);
   return bits - 0x4330000000000000u;  // the bits of 2^52
+}
+
+// Stage 6's mass of a processed logit: d = (l - M) / T in f32, q = 0 at or below the cutoff.
+// Every backend computes every mass here, so they agree bit for bit.
+LILY_SAMPLER_HD inline uint64_t sampler_mass(float logit, float max, float temperature) {
+  const float d = sampler_div(sampler_sub(logit, max), temperature);
+  const uint64_t q = mass_from_exp(sampler_exp(d));  // always evaluated: the loops vectorise
+  return d > kMassCutoff ? q : 0;
 }
 
 // ceil(top_p * z), exactly (top_p in (0, 1]; a non-positive or NaN top_p gives 1, so that

@@ -54,16 +54,12 @@ inline constexpr int64_t kSamplerSmallK = 1024;
 inline constexpr int64_t kSamplerList = 256;
 
 // One draw of Backend::sample over host arrays, without the counts/step update: the token for
-// draw number `step`. Parameters must be valid (sampler_params_error). The stage 6 exp is
-// sampler_exp. With a pool, the passes over the vocabulary are split over its threads (the
+// draw number `step`. Parameters must be valid (sampler_params_error). With a pool, the passes over the vocabulary are split over its threads (the
 // result does not depend on it).
 int32_t sample_row(const float* logits, int64_t vocab, const SamplerParams& params,
                    const int32_t* counts, const int32_t* prompt_seen, uint32_t step,
                    SamplerWork& work, SamplerTrace* trace = nullptr,
                    SamplerPath path = SamplerPath::automatic, ThreadPool* pool = nullptr);
-
-// e^d for d in [-30, 0] (the CPU's stage 6 exp; vectorisable, within 2 ulp of e^d).
-float sampler_exp(float d);
 
 // Backend::token_logprobs over host arrays: fills record [TokenRecordLayout::kWords].
 void token_logprobs_row(const float* logits, int64_t vocab, int32_t token, int top_n,

@@ -14,6 +14,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <mutex>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
@@ -26,33 +27,10 @@ constexpr int64_t kBlock = 64;  // ids per block of SamplerWork::block_max
 constexpr float kInf = std::numeric_limits<float>::infinity();
 constexpr int kMassBands = kMassBits + 1;  // band b holds q in [2^b, 2^(b+1)); the maximum is in band 40
 
-// e^x for x in [-87, 0] (below: e^-87, which no caller uses): x = n ln2 + r with |r| <= ln2/2
-// (Cody-Waite: ln2 in two parts, n * kLn2Hi exact), e^r by Cephes' expf polynomial, 2^n from
-// its exponent bits. No branch and no call, so the mass loops vectorise; e^0 is exactly 1.
-inline float exp_poly(float x) {
-  x = x < -87.0f ? -87.0f : x;
-  const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round(x / ln2)
-  const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
-  float p = 1.9875691500e-4f;
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  const float er = p * (r * r) + r + 1.0f;
-  const int32_t bits = (static_cast<int32_t>(n) + 127) * (1 << 23);
-  float scale;
-  std::memcpy(&scale, &bits, sizeof scale);
-  return er * scale;
-}
-
-// Stage 6's q of one processed logit (sampling.h): d = (l - M) / T in f32, q = 0 at or below
-// the cutoff. Every path of this file gets its masses here, so the same id always has the
-// same q.
+// Stage 6's q (sampling.h): every path of this file gets its masses here, so the same id
+// always has the same q.
 inline uint64_t mass_of(float logit, float max, float temperature) {
-  const float d = (logit - max) / temperature;
-  const uint64_t q = mass_from_exp(exp_poly(d));
-  return d > kMassCutoff ? q : 0;
+  return sampler_mass(logit, max, temperature);
 }
 
 inline uint64_t rank_of(float logit, int64_t id) {
@@ -169,7 +147,7 @@ LILY_CPU_CLONES void exp_sums(const float* values, int64_t n, float max, double*
 #pragma omp simd reduction(+ : sum)
     for (int64_t i = b * kBlock; i < end; ++i) {
       const float d = values[i] - max;
-      const float e = exp_poly(d);
+      const float e = sampler_exp(d);
       sum += d > -87.0f ? e : 0.0f;
     }
     block_sum[b] = static_cast<double>(sum);
@@ -339,8 +317,6 @@ int32_t draw_from_list(const std::vector<uint64_t>& ranks, const std::vector<uin
 
 }  // namespace
 
-float sampler_exp(float d) { return exp_poly(d); }
-
 int32_t sample_row(const float* logits, int64_t vocab, const SamplerParams& params,
                    const int32_t* counts, const int32_t* prompt_seen, uint32_t step,
                    SamplerWork& work, SamplerTrace* trace, SamplerPath path, ThreadPool* pool) {
@@ -481,34 +457,54 @@ int32_t sample_row(const float* logits, int64_t vocab, const SamplerParams& para
 
   // Selections over mass bands (powers of two): a band's ids form one stretch of stage 5's
   // order (q does not increase along it), so a cut lies in one band, whose ids are gathered.
+  // The passes split the candidate blocks over the pool; their results are integer sums and
+  // sets (select_rank does not depend on the order of its items), so they do not depend on it.
+  const auto candidate_count = static_cast<int64_t>(work.blocks.size());
+  std::mutex merge;
   uint64_t band_count[kMassBands] = {};
   uint64_t band_mass[kMassBands] = {};
-  for (int32_t b : work.blocks) {
-    const auto [begin, end] = block_range(b);
-    for (int64_t i = begin; i < end; ++i) {
-      const uint64_t q = work.mass[static_cast<size_t>(i)];
-      if (q > 0) {
-        ++band_count[mass_band(q)];
-        band_mass[mass_band(q)] += q;
+  for_blocks(pool, candidate_count, [&](int64_t from, int64_t to) {
+    uint64_t count[kMassBands] = {};
+    uint64_t mass[kMassBands] = {};
+    for (int64_t j = from; j < to; ++j) {
+      const auto [begin, end] = block_range(work.blocks[static_cast<size_t>(j)]);
+      for (int64_t i = begin; i < end; ++i) {
+        const uint64_t q = work.mass[static_cast<size_t>(i)];
+        if (q > 0) {
+          ++count[mass_band(q)];
+          mass[mass_band(q)] += q;
+        }
       }
     }
-  }
+    const std::lock_guard<std::mutex> lock(merge);
+    for (int b = 0; b < kMassBands; ++b) {
+      band_count[b] += count[b];
+      band_mass[b] += mass[b];
+    }
+  });
   // The rank keys and masses of band `band`'s ids ranking at or before `limit` (0: all).
   const auto gather_band = [&](int band, uint64_t limit) {
     work.items.clear();
     work.item_mass.clear();
-    for (int32_t b : work.blocks) {
-      const auto [begin, end] = block_range(b);
-      for (int64_t i = begin; i < end; ++i) {
-        const uint64_t q = work.mass[static_cast<size_t>(i)];
-        if (q == 0 || mass_band(q) != band) continue;
-        const uint64_t rank = rank_of(P[i], i);
-        if (limit == 0 || rank >= limit) {
-          work.items.push_back(rank);
-          work.item_mass.push_back(q);
+    for_blocks(pool, candidate_count, [&](int64_t from, int64_t to) {
+      std::vector<uint64_t> ranks;
+      std::vector<uint64_t> masses;
+      for (int64_t j = from; j < to; ++j) {
+        const auto [begin, end] = block_range(work.blocks[static_cast<size_t>(j)]);
+        for (int64_t i = begin; i < end; ++i) {
+          const uint64_t q = work.mass[static_cast<size_t>(i)];
+          if (q == 0 || mass_band(q) != band) continue;
+          const uint64_t rank = rank_of(P[i], i);
+          if (limit == 0 || rank >= limit) {
+            ranks.push_back(rank);
+            masses.push_back(q);
+          }
         }
       }
-    }
+      const std::lock_guard<std::mutex> lock(merge);
+      work.items.insert(work.items.end(), ranks.begin(), ranks.end());
+      work.item_mass.insert(work.item_mass.end(), masses.begin(), masses.end());
+    });
   };
   uint64_t cut = 0;
   uint64_t z = z_all;
@@ -549,27 +545,55 @@ int32_t sample_row(const float* logits, int64_t vocab, const SamplerParams& para
   t.cut = cut;
   t.z = z;
   // Stages 8 and 9: the survivors rank at or before the cut, so only blocks whose maximum
-  // reaches the cut's logit hold any.
+  // reaches the cut's logit hold any. Each candidate block's drawable mass (in parallel), the
+  // draw's block from those, then its ids.
   const float cut_logit = key_logit(rank_key_logit_key(cut));
-  const auto for_each = [&](const auto& fn) {
+  const auto survives = [&](int64_t i) {
+    const uint64_t q = work.mass[static_cast<size_t>(i)];
+    return q >= q_min && P[i] >= cut_logit && rank_of(P[i], i) >= cut;
+  };
+  for_blocks(pool, candidate_count, [&](int64_t from, int64_t to) {
+    for (int64_t j = from; j < to; ++j) {
+      const int32_t b = work.blocks[static_cast<size_t>(j)];
+      uint64_t sum = 0;
+      if (!(work.block_max[static_cast<size_t>(b)] < cut_logit)) {
+        const auto [begin, end] = block_range(b);
+        for (int64_t i = begin; i < end; ++i) sum += survives(i) ? work.mass[static_cast<size_t>(i)] : 0;
+      }
+      work.block_sums[static_cast<size_t>(j)] = sum;
+    }
+  });
+  if (want_trace) {
     for (int32_t b : work.blocks) {
-      if (work.block_max[static_cast<size_t>(b)] < cut_logit) continue;
       const auto [begin, end] = block_range(b);
       for (int64_t i = begin; i < end; ++i) {
-        const uint64_t q = work.mass[static_cast<size_t>(i)];
-        if (q < q_min || P[i] < cut_logit || rank_of(P[i], i) < cut) continue;
-        if (fn(i, q)) return;
+        if (survives(i)) {
+          t.survivors.push_back(static_cast<int32_t>(i));
+          t.masses.push_back(work.mass[static_cast<size_t>(i)]);
+        }
       }
     }
-  };
-  if (want_trace) {
-    for_each([&](int64_t id, uint64_t q) {
-      t.survivors.push_back(static_cast<int32_t>(id));
-      t.masses.push_back(q);
-      return false;
-    });
   }
-  t.token = draw(u24, for_each);
+  uint64_t total = 0;
+  for (uint64_t s : work.block_sums) total += s;
+  const uint64_t target = draw_target(u24, total);
+  uint64_t running = 0;
+  for (size_t j = 0; j < work.blocks.size(); ++j) {
+    if (running + work.block_sums[j] <= target) {
+      running += work.block_sums[j];
+      continue;
+    }
+    const auto [begin, end] = block_range(work.blocks[j]);
+    for (int64_t i = begin; i < end; ++i) {
+      if (!survives(i)) continue;
+      running += work.mass[static_cast<size_t>(i)];
+      if (running > target) {
+        t.token = static_cast<int32_t>(i);
+        return t.token;
+      }
+    }
+  }
+  t.token = argmax_of(work.processed, work.block_max, max);  // not reached: target < total
   return t.token;
 }
 

@@ -177,6 +177,12 @@ CudaBackend::CudaBackend() {
   for (cudaEvent_t& event : read_events_) {
     LILY_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
   }
+  LILY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_words_),
+                                2 * TokenRecordLayout::kWords * sizeof(int32_t),
+                                cudaHostAllocDefault));
+  for (cudaEvent_t& event : word_events_) {
+    LILY_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+  }
 }
 
 CudaBackend::~CudaBackend() {
@@ -186,7 +192,9 @@ CudaBackend::~CudaBackend() {
   workspace_.reset();
   for (void* ptr : allocations_) cudaFree(ptr);
   for (cudaEvent_t event : read_events_) cudaEventDestroy(event);
+  for (cudaEvent_t event : word_events_) cudaEventDestroy(event);
   cudaFreeHost(pinned_reads_);
+  cudaFreeHost(pinned_words_);
   cudaStreamDestroy(stream_);
 }
 
@@ -256,6 +264,22 @@ int32_t CudaBackend::wait_read(int slot) {
   require(slot == 0 || slot == 1, "wait_read", "slot must be 0 or 1");
   LILY_CUDA_CHECK(cudaEventSynchronize(read_events_[slot]));
   return pinned_reads_[slot];
+}
+
+void CudaBackend::read_words_async(const int32_t* src, int64_t count, int slot) {
+  require(slot == 0 || slot == 1, "read_words_async", "slot must be 0 or 1");
+  require(src != nullptr && count >= 1 && count <= TokenRecordLayout::kWords, "read_words_async",
+          "needs a source and 1.." + std::to_string(TokenRecordLayout::kWords) + " words");
+  LILY_CUDA_CHECK(cudaMemcpyAsync(pinned_words_ + slot * TokenRecordLayout::kWords, src,
+                                  static_cast<size_t>(count) * sizeof(int32_t),
+                                  cudaMemcpyDeviceToHost, stream_));
+  LILY_CUDA_CHECK(cudaEventRecord(word_events_[slot], stream_));
+}
+
+const int32_t* CudaBackend::wait_read_words(int slot) {
+  require(slot == 0 || slot == 1, "wait_read_words", "slot must be 0 or 1");
+  LILY_CUDA_CHECK(cudaEventSynchronize(word_events_[slot]));
+  return pinned_words_ + slot * TokenRecordLayout::kWords;
 }
 
 uint64_t CudaBackend::allocated_bytes() const { return allocated_ + workspace_->bytes(); }
@@ -761,6 +785,31 @@ void CudaBackend::argmax(const float* logits, int64_t n, int64_t vocab, int32_t*
   require(n > 0 && vocab > 0 && logits != nullptr && out != nullptr, "argmax",
           "needs n > 0 rows of vocab > 0 logits");
   cuda::argmax(logits, n, vocab, out, *workspace_, stream_);
+}
+
+// The parameters live in device memory, where they cannot be checked without a round trip:
+// the host checks them before uploading (sampler_params_error); the kernels stay memory-safe
+// whatever they read.
+void CudaBackend::sample(const float* logits, int64_t vocab, const SamplerBuffers& sampler,
+                         int32_t* token_out) {
+  require(logits != nullptr && token_out != nullptr && sampler.params != nullptr &&
+              sampler.counts != nullptr && sampler.prompt_seen != nullptr && sampler.step != nullptr,
+          "sample", "needs logits, token_out and the four sampler buffers");
+  require(vocab >= 1 && vocab <= kMaxSamplerVocab, "sample",
+          "vocab must be in [1, " + std::to_string(kMaxSamplerVocab) + "]");
+  if (sampler_state_ == nullptr) sampler_state_ = device_alloc(cuda::sampler_state_bytes());
+  cuda::sample(logits, vocab, sampler, token_out, sampler_state_, *workspace_, stream_);
+}
+
+void CudaBackend::token_logprobs(const float* logits, int64_t vocab, const int32_t* token,
+                                 const SamplerBuffers& sampler, int32_t* record) {
+  require(logits != nullptr && token != nullptr && sampler.params != nullptr && record != nullptr,
+          "token_logprobs", "needs logits, token, sampler.params and record");
+  require(vocab >= 1 && vocab <= kMaxSamplerVocab, "token_logprobs",
+          "vocab must be in [1, " + std::to_string(kMaxSamplerVocab) + "]");
+  if (sampler_state_ == nullptr) sampler_state_ = device_alloc(cuda::sampler_state_bytes());
+  cuda::token_logprobs(logits, vocab, token, sampler.params, record, sampler_state_, *workspace_,
+                       stream_);
 }
 
 }  // namespace lily

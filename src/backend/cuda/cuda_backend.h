@@ -112,6 +112,12 @@ class CudaBackend final : public Backend {
                            const QuantView& shared_down, const float* shared_h,
                            const float* shared_logit, float* out) override;
   void argmax(const float* logits, int64_t n, int64_t vocab, int32_t* out) override;
+  void sample(const float* logits, int64_t vocab, const SamplerBuffers& sampler,
+              int32_t* token_out) override;
+  void token_logprobs(const float* logits, int64_t vocab, const int32_t* token,
+                      const SamplerBuffers& sampler, int32_t* record) override;
+  void read_words_async(const int32_t* src, int64_t count, int slot) override;
+  const int32_t* wait_read_words(int slot) override;
 
   // Free and total device memory in bytes, now.
   void memory_info(size_t* free_bytes, size_t* total_bytes) const;
@@ -166,6 +172,12 @@ class CudaBackend final : public Backend {
   bool fused_conv_ = true;
   unsigned* norm_counter_ = nullptr;  // [1] device (in allocations_), zero between launches
   cudaEvent_t read_events_[2] = {nullptr, nullptr};
+  // The sampler ops' zero-initialised device state (cuda::sampler_state_bytes, in
+  // allocations_), allocated by the first sample or token_logprobs call (not during capture).
+  void* sampler_state_ = nullptr;
+  // [2][TokenRecordLayout::kWords] pinned host i32, the read_words_async slots, and their events.
+  int32_t* pinned_words_ = nullptr;
+  cudaEvent_t word_events_[2] = {nullptr, nullptr};
 };
 
 }  // namespace lily

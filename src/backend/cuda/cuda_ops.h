@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "backend/sampling.h"
+
 namespace lily::cuda {
 
 // An MLX affine Q4/Q8 weight (group 64) in device memory, uploaded from a QuantView.
@@ -46,6 +48,8 @@ enum WorkspaceSlot : int {
   kWsMoe = 3,
   kWsMoe2 = 4,
   kWsGdn = 5,
+  kWsSampler = 6,
+  kWsLogprobs = 7,
   kWsCount = 8,
 };
 
@@ -250,5 +254,21 @@ void gated_delta_step(const float* mixed, const float* window, const float* conv
 // logits [n, E]; ids [n, k] i32; weights [n, k]
 void moe_route(const float* logits, int64_t n, int64_t experts, int64_t k, int32_t* ids,
                float* weights, cudaStream_t s);
+
+// ---- sampler.cu -------------------------------------------------------------------------
+// The sampler ops' device state that must start zeroed (counters, a histogram): the backend
+// allocates this many bytes once, zero-filled, and passes them to every call of both ops.
+size_t sampler_state_bytes();
+// Backend::sample: the stages of sampling.h on logits [vocab] f32 with the SamplerBuffers in
+// device memory; *token_out, counts[token] += 1, step += 1. A fixed sequence of launches that
+// read every parameter from device memory (capturable; nothing from the host at replay).
+// vocab in [1, kMaxSamplerVocab]; parameters as sampler_params_error accepts (the host checks
+// them before they are uploaded; out-of-contract values are memory-safe but unspecified).
+void sample(const float* logits, int64_t vocab, const SamplerBuffers& sampler, int32_t* token_out,
+            void* state, Workspace& ws, cudaStream_t s);
+// Backend::token_logprobs: record [TokenRecordLayout::kWords] i32 for *token (< vocab) with
+// n = params->top_logprobs (clamped to 0..20) from params [kSamplerParamWords].
+void token_logprobs(const float* logits, int64_t vocab, const int32_t* token, const int32_t* params,
+                    int32_t* record, void* state, Workspace& ws, cudaStream_t s);
 
 }  // namespace lily::cuda

@@ -86,14 +86,14 @@ void BM_TokenLogprobs20(benchmark::State& state) {
   }
 }
 
-BENCHMARK(BM_SampleGreedy)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);  // threads
-BENCHMARK(BM_SampleT1)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);  // threads
-BENCHMARK(BM_SampleT1TopK20TopP095)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);  // threads
-BENCHMARK(BM_SampleTopP095)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);  // threads
-BENCHMARK(BM_SampleMinP005)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);  // threads
-BENCHMARK(BM_SampleTopK5000)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);  // threads
-BENCHMARK(BM_SampleAllStages)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);  // threads
-BENCHMARK(BM_TokenLogprobs20)->Arg(1)->Arg(2)->Unit(benchmark::kMicrosecond);  // threads
+BENCHMARK(BM_SampleGreedy)->Arg(1)->Arg(4)->Arg(16)->Unit(benchmark::kMicrosecond);  // threads
+BENCHMARK(BM_SampleT1)->Arg(1)->Arg(4)->Arg(16)->Unit(benchmark::kMicrosecond);  // threads
+BENCHMARK(BM_SampleT1TopK20TopP095)->Arg(1)->Arg(4)->Arg(16)->Unit(benchmark::kMicrosecond);  // threads
+BENCHMARK(BM_SampleTopP095)->Arg(1)->Arg(4)->Arg(16)->Unit(benchmark::kMicrosecond);  // threads
+BENCHMARK(BM_SampleMinP005)->Arg(1)->Arg(4)->Arg(16)->Unit(benchmark::kMicrosecond);  // threads
+BENCHMARK(BM_SampleTopK5000)->Arg(1)->Arg(4)->Arg(16)->Unit(benchmark::kMicrosecond);  // threads
+BENCHMARK(BM_SampleAllStages)->Arg(1)->Arg(4)->Arg(16)->Unit(benchmark::kMicrosecond);  // threads
+BENCHMARK(BM_TokenLogprobs20)->Arg(1)->Arg(4)->Arg(16)->Unit(benchmark::kMicrosecond);  // threads
 
 }  // namespace
 }  // namespace lily::testing

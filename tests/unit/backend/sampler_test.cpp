@@ -156,18 +156,21 @@ TEST(SamplerArithmetic, LogitKeysOrderLikeFloatsWithSignedZerosEqual) {
   EXPECT_EQ(rank_key_id(rank_key(logit_key(-3.5f), 123456)), 123456);
 }
 
-TEST(CpuSampler, ExpIsWithinTwoUlpAndExactAtZero) {
+TEST(SamplerArithmetic, ExpIsWithinTwoUlpAndExactAtZero) {
   double worst = 0;
   for (int i = 0; i <= 2'000'000; ++i) {
     const float d = -87.0f * static_cast<float>(i) / 2'000'000.0f;
     const double want = std::exp(static_cast<double>(d));
-    const double got = static_cast<double>(cpu::sampler_exp(d));
+    const double got = static_cast<double>(sampler_exp(d));
     worst = std::max(worst, std::abs(got - want) / want);
   }
   std::printf("[ref] sampler_exp over [-87, 0]: max relative error %.3g (2 ulp = 2.4e-7)\n", worst);
   EXPECT_LT(worst, 2.4e-7);
-  EXPECT_EQ(cpu::sampler_exp(0.0f), 1.0f);
-  EXPECT_EQ(cpu::sampler_exp(-0.0f), 1.0f);
+  EXPECT_EQ(sampler_exp(0.0f), 1.0f);
+  EXPECT_EQ(sampler_exp(-0.0f), 1.0f);
+  EXPECT_EQ(sampler_mass(3.0f, 3.0f, 0.7f), kMassOne);
+  EXPECT_EQ(sampler_mass(-27.0f, 3.0f, 1.0f), 0u);  // d = -30: the cutoff
+  EXPECT_EQ(sampler_mass(-24.0f, 3.0f, 1.0f), 2u);  // e^-27 * 2^40 = 2.07
 }
 
 // ---- sample vs the reference -----------------------------------------------------------------
