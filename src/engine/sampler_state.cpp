@@ -2,6 +2,8 @@
 #include "engine/sampler_state.h"
 
 #include <algorithm>
+#include <stdexcept>
+#include <string>
 
 namespace lily {
 
@@ -16,6 +18,11 @@ SamplerState::SamplerState(Backend& backend, int64_t vocab) : backend_(backend) 
 
 void SamplerState::upload(const SamplerParams& params, bool sampling,
                           std::span<const int32_t> prompt) {
+  // A device backend reads the params where it cannot check them: they are checked here.
+  if (const std::string error = sampler_params_error(params, static_cast<int64_t>(host_seen_.size()));
+      !error.empty()) {
+    throw std::invalid_argument("sampler parameters: " + error);
+  }
   backend_.copy_from_host(reinterpret_cast<const int32_t*>(&params),
                           static_cast<size_t>(kSamplerParamWords), buffers_.params);
   if (!sampling) return;

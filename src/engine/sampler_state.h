@@ -20,7 +20,8 @@ class SamplerState {
   // Before a sequence's first token: writes `params` (top_logprobs included), and when
   // `sampling`, zero counts and step and marks the ids of `prompt` (the whole prompt, cached
   // prefix included: the repetition penalty covers it) in prompt_seen. Logprobs with the
-  // argmax read only the params.
+  // argmax read only the params. Throws std::invalid_argument for parameters outside the
+  // contract (sampler_params_error).
   void upload(const SamplerParams& params, bool sampling, std::span<const int32_t> prompt);
 
  private:

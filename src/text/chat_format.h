@@ -64,7 +64,7 @@ void check_chat_request_messages(const std::vector<ChatMessage>& messages);
 // unchanged, without reasoning_content.
 std::vector<TemplateMessage> nothink_history_rewrite(const std::vector<ChatMessage>& messages);
 
-// Exactly what the checkpoint template (../shared/fixtures/qwen3.6-chat_template.jinja) renders
+// Exactly what the checkpoint template (../shared/fixtures/qwen3.6-chat_template.jinja, copied to tests/fixtures/ for the tests) renders
 // under Python Jinja2 for these messages, with tools empty and preserve_thinking and
 // add_vision_id undefined. Template-raised errors ("No messages provided.", "No user query
 // found in messages.", "System message must be at the beginning.") throw

@@ -1084,9 +1084,16 @@ class CancelTests(SseTest):
                 conn.send(request_bytes("POST", CHAT_PATH, body_of(f"Close {i % 3}", 1, stream=True)))
                 events = EventStream(conn, conn.read_head())
                 self.assertEqual(events.read_all()[-1], b"[DONE]")
-        self.server.mark()
-        statuses = [line.split()[2] for line in self.server.lines_since(start)
-                    if line.startswith(f"POST {CHAT_PATH} ")]
+        # A stream's log line is written when the write of its last chunk completes on the
+        # server, which can be just after the client has read that chunk: wait for all of them.
+        deadline = time.monotonic() + 10
+        while True:
+            self.server.mark()
+            statuses = [line.split()[2] for line in self.server.lines_since(start)
+                        if line.startswith(f"POST {CHAT_PATH} ")]
+            if len(statuses) >= rounds or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
         self.assertEqual(len(statuses), rounds)
         wrong = [line for line in self.server.lines_since(start)
                  if line.startswith(f"POST {CHAT_PATH} ") and " 200 " not in line]

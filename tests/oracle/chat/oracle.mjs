@@ -1,6 +1,6 @@
 // Chat-format oracle: `lily render-chat` must match a real Jinja rendering of the checkpoint template byte for byte.
 //
-//   node oracle.mjs --lily BUILD/lily --template ../shared/fixtures/qwen3.6-chat_template.jinja
+//   node oracle.mjs --lily BUILD/lily --template tests/fixtures/qwen3.6-chat_template.jinja
 //                   [--engine hf|jinja2] [--count 600] [--seed 20260503] [--show 5]
 //
 // --engine hf (default, the CI oracle): @huggingface/jinja, pinned in package.json; install it
@@ -375,7 +375,7 @@ function describeDiff(expected, actual) {
 function main() {
   return (async () => {
     const opts = parseArgs(process.argv.slice(2));
-    if (!fs.existsSync(opts.template)) fail(`template not found: ${opts.template} (CI keeps ../shared next to the clone)`);
+    if (!fs.existsSync(opts.template)) fail(`template not found: ${opts.template} (tests/fixtures/ holds the copy)`);
     if (!fs.existsSync(opts.lily)) fail(`lily binary not found: ${opts.lily}`);
     const templateText = fs.readFileSync(opts.template, "utf8");
     const engine = opts.engine === "hf" ? await hfEngine(templateText) : jinja2Engine(opts.template, opts.python);
