@@ -25,6 +25,13 @@ T pick(const std::optional<T>& request, const std::optional<T>& fallback, T neut
   return neutral;
 }
 
+// "[0, 2]" rather than std::to_string's "[0.000000, 2.000000]".
+std::string range_text(double min, double max) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "[%g, %g]", min, max);
+  return buf;
+}
+
 double config_number(const Json& root, const char* key, const std::string& path, double min,
                      double max) {
   const Json& v = root.at(key);
@@ -33,8 +40,8 @@ double config_number(const Json& root, const char* key, const std::string& path,
   }
   const double x = v.get<double>();
   if (!(x >= min && x <= max)) {
-    throw InputError(path + ": " + key + " must be in [" + std::to_string(min) + ", " +
-                     std::to_string(max) + "], found " + describe_json(v));
+    throw InputError(path + ": " + key + " must be in " + range_text(min, max) + ", found " +
+                     describe_json(v));
   }
   return x;
 }
@@ -106,8 +113,7 @@ double parse_sampling_flag(const std::string& flag, const std::string& text, dou
     throw InputError("--" + flag + " expects a number, found \"" + text + "\"");
   }
   if (!(value >= min && value <= max)) {
-    throw InputError("--" + flag + " must be in [" + std::to_string(min) + ", " +
-                     std::to_string(max) + "], found " + text);
+    throw InputError("--" + flag + " must be in " + range_text(min, max) + ", found " + text);
   }
   return value;
 }
