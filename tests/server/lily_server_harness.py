@@ -523,6 +523,20 @@ class LilyServer:
                         f"stderr:\n{self.log_text()}")
                 self.cond.wait(remaining)
 
+    def wait_lines(self, prefix: str, count: int, start: int = 0,
+                   timeout: float = 10.0) -> list[str]:
+        """The lines at index >= start that begin with `prefix`, once there are `count` of them
+        (or the timeout passes: the caller asserts on the count). A stream's log line follows
+        the completion of its last write, which can come just after the client has read that
+        write, so a line can lag its response; each poll syncs (mark) first."""
+        deadline = time.monotonic() + timeout
+        while True:
+            self.mark()
+            lines = [line for line in self.lines_since(start) if line.startswith(prefix)]
+            if len(lines) >= count or time.monotonic() > deadline:
+                return lines
+            time.sleep(0.05)
+
     def lines_since(self, start: int) -> list[str]:
         with self.cond:
             return list(self.lines[start:])

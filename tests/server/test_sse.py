@@ -42,8 +42,6 @@ from lily_server_harness import (  # noqa: E402
     CHAT_PATH,
     SERVED_MODEL,
     Checkpoint,
-    ConnectionClosed,
-    ConnectionReset,
     EventStream,
     LilyServer,
     chat_body,
@@ -350,7 +348,7 @@ class StreamTests(SseTest):
         self.assertGreater(int(result.chunks[0]["id"].rsplit("-", 1)[1]),
                            int(plain["id"].rsplit("-", 1)[1]))
         self.server.wait_line(self.completion_log_regex(plain["usage"]), start)
-        lines = [line for line in self.server.lines_since(start) if line.startswith("POST ")]
+        lines = self.server.wait_lines("POST ", 3, start)
         self.assertEqual(len(lines), 3, lines)
 
     def test_include_usage_equals_the_non_streamed_usage(self):
@@ -1051,24 +1049,12 @@ class CancelTests(SseTest):
 
     # FOUND SERVER BUG (fixed): with --stream-buffer smaller than one chunk (the flag accepts 1024 and
     # up; a chunk with 20 top logprobs is about 1.6-2.5 KB), the very first content chunk
-    # fails the stream as "client too slow: N bytes unsent" although nothing is queued and
-    # the client reads at once: the limit is checked against the frame's size, not against a
-    # backlog. The client gets the role chunk and then a closed connection without [DONE].
-    def test_a_chunk_larger_than_the_stream_buffer_reaches_a_fast_reader(self):
-        server = LilyServer(LILY, checkpoint_dir(), *self.SERVER_ARGS, "--stream-buffer",
-                            "1024").start()
-        try:
-            start = server.mark()
-            try:
-                result = self.stream(CHESS, 3, server=server, logprobs=True, top_logprobs=20)
-            except (ConnectionClosed, ConnectionReset) as e:
-                line = server.wait_line(f"^POST {re.escape(CHAT_PATH)} ", start).string
-                self.fail(f"the stream was cut ({e}); the server logged: "
-                          f"{line}")
-            self.assertEqual(len(result.logprobs), 3)
-            server.wait_line(f"^POST {re.escape(CHAT_PATH)} 200 ", start)
-        finally:
-            self.assertEqual(server.stop(), 0)
+    # failed the stream as "client too slow: N bytes unsent" although nothing was queued: the
+    # limit was checked against the frame's size, not against a backlog. End to end, with
+    # frames larger than the bound, whether a backlog forms depends on whether the connection's
+    # strand ran between two tokens, which a loaded machine does not promise; the rule is tested
+    # deterministically in tests/unit/server/http_stream_test.cpp
+    # (HttpStream.FramesLargerThanTheBoundReachAReaderThatKeepsUp).
 
     # FOUND SERVER BUG (fixed): a client that reads a stream to its very end (the last chunk, after
     # data: [DONE]) and then closes at once is sometimes logged 499 error="client disconnected"
@@ -1086,14 +1072,8 @@ class CancelTests(SseTest):
                 self.assertEqual(events.read_all()[-1], b"[DONE]")
         # A stream's log line is written when the write of its last chunk completes on the
         # server, which can be just after the client has read that chunk: wait for all of them.
-        deadline = time.monotonic() + 10
-        while True:
-            self.server.mark()
-            statuses = [line.split()[2] for line in self.server.lines_since(start)
-                        if line.startswith(f"POST {CHAT_PATH} ")]
-            if len(statuses) >= rounds or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+        statuses = [line.split()[2]
+                    for line in self.server.wait_lines(f"POST {CHAT_PATH} ", rounds, start)]
         self.assertEqual(len(statuses), rounds)
         wrong = [line for line in self.server.lines_since(start)
                  if line.startswith(f"POST {CHAT_PATH} ") and " 200 " not in line]

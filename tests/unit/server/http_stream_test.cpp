@@ -496,6 +496,36 @@ TEST(HttpStream, ClientThatNeverReadsFailsTheStreamPastTheBound) {
   EXPECT_TRUE(wait_until([&] { return t.server->open_connections() == 0; }, 5s));
 }
 
+// The bound is on the backlog behind the socket write in flight, not on a frame: a frame larger
+// than the bound (one with 20 top_logprobs is 1.6-2.5 KB; the flag's floor is 1 KiB) written
+// with nothing queued behind goes out. Each frame is written only after the client holds the
+// one before, so the strand has taken it from the queue: the backlog is empty at every write
+// whatever the scheduling (an end-to-end version of this was timing-dependent under load).
+TEST(HttpStream, FramesLargerThanTheBoundReachAReaderThatKeepsUp) {
+  HttpLimits limits;
+  limits.max_stream_buffer_bytes = 1024;
+  TestServer t(limits);
+  Client client(t.port());
+  client.send_all(post_request());
+  std::optional<Pending> p = t.handler.next();
+  ASSERT_TRUE(p);
+  auto stream = p->request.start_stream({});
+  ASSERT_TRUE(client.read_until("\r\n\r\n"));
+  for (int i = 0; i < 6; ++i) {
+    const std::string data = "data: " + std::string(3000 + 100 * i, 'a' + i) + "\n\n";
+    ASSERT_TRUE(stream->write(data)) << "frame " << i << " of " << data.size() << " bytes refused";
+    EXPECT_EQ(client.read_chunk(), data) << "frame " << i;
+  }
+  ASSERT_TRUE(stream->write("data: [DONE]\n\n"));
+  stream->finish(200, " prompt=1");
+  EXPECT_EQ(client.read_chunk(), "data: [DONE]\n\n");
+  EXPECT_EQ(client.read_chunk(), "");
+  EXPECT_FALSE(stream->failed());
+  const std::optional<std::string> line = t.log.wait_for("POST /v1/stream ");
+  ASSERT_TRUE(line);
+  EXPECT_TRUE(log_line_is(*line, "POST /v1/stream 200 ", " prompt=1")) << *line;
+}
+
 TEST(HttpStream, WriteTimeoutCountsPerWriteNotPerStream) {
   HttpLimits limits;
   limits.write_timeout = 400ms;
