@@ -25,9 +25,8 @@ std::string join(std::string_view a, std::string_view b) {
   return out;
 }
 
-}  // namespace
-
-Json parse_strict_json(std::string_view text, std::string_view what, int max_depth) {
+template <typename J>
+J parse_strict(std::string_view text, std::string_view what, int max_depth) {
   // nlohmann's lexer takes a NUL byte for the end of input and ignores what follows; a raw
   // NUL is never valid JSON (control characters must be escaped), so refuse it here.
   if (const size_t nul = text.find('\0'); nul != std::string_view::npos) {
@@ -36,21 +35,21 @@ Json parse_strict_json(std::string_view text, std::string_view what, int max_dep
   // One set of seen keys per open object; the parser is iterative, so the depth cap
   // bounds this stack and the DOM, not the C++ call stack.
   std::vector<std::set<std::string>> open_objects;
-  auto callback = [&](int depth, Json::parse_event_t event, Json& parsed) {
+  auto callback = [&](int depth, typename J::parse_event_t event, J& parsed) {
     switch (event) {
-      case Json::parse_event_t::object_start:
-      case Json::parse_event_t::array_start:
+      case J::parse_event_t::object_start:
+      case J::parse_event_t::array_start:
         if (depth >= max_depth) {
           throw StrictnessViolation{"JSON nesting deeper than " + std::to_string(max_depth) +
                                     " levels"};
         }
-        if (event == Json::parse_event_t::object_start) open_objects.emplace_back();
+        if (event == J::parse_event_t::object_start) open_objects.emplace_back();
         break;
-      case Json::parse_event_t::object_end:
+      case J::parse_event_t::object_end:
         if (!open_objects.empty()) open_objects.pop_back();
         break;
-      case Json::parse_event_t::key: {
-        const std::string& key = parsed.get_ref<const std::string&>();
+      case J::parse_event_t::key: {
+        const std::string& key = parsed.template get_ref<const std::string&>();
         if (!open_objects.empty() && !open_objects.back().insert(key).second) {
           throw StrictnessViolation{"duplicate key \"" + key + "\""};
         }
@@ -62,13 +61,30 @@ Json parse_strict_json(std::string_view text, std::string_view what, int max_dep
     return true;
   };
   try {
-    return Json::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true,
-                       /*ignore_comments=*/false);
+    return J::parse(text.begin(), text.end(), callback, /*allow_exceptions=*/true,
+                    /*ignore_comments=*/false);
   } catch (const StrictnessViolation& violation) {
     throw InputError(join(what, violation.message));
-  } catch (const Json::exception& error) {
+  } catch (const typename J::exception& error) {
     throw InputError(join(what, std::string("not valid JSON: ") + error.what()));
   }
+}
+
+template <typename J>
+std::string describe(const J& value) {
+  std::string dumped = value.dump(-1, ' ', false, J::error_handler_t::replace);
+  if (dumped.size() > 60) dumped = dumped.substr(0, 57) + "...";
+  return std::string(value.type_name()) + " " + dumped;
+}
+
+}  // namespace
+
+Json parse_strict_json(std::string_view text, std::string_view what, int max_depth) {
+  return parse_strict<Json>(text, what, max_depth);
+}
+
+OrderedJson parse_strict_ordered_json(std::string_view text, std::string_view what, int max_depth) {
+  return parse_strict<OrderedJson>(text, what, max_depth);
 }
 
 Json read_strict_json_file(const std::string& path, uint64_t max_bytes, int max_depth) {
@@ -93,11 +109,9 @@ Json read_strict_json_file(const std::string& path, uint64_t max_bytes, int max_
   return parse_strict_json(text, path, max_depth);
 }
 
-std::string describe_json(const Json& value) {
-  std::string dumped = value.dump(-1, ' ', false, Json::error_handler_t::replace);
-  if (dumped.size() > 60) dumped = dumped.substr(0, 57) + "...";
-  return std::string(value.type_name()) + " " + dumped;
-}
+std::string describe_json(const Json& value) { return describe(value); }
+
+std::string describe_json(const OrderedJson& value) { return describe(value); }
 
 const Json& require_field(const Json& object, std::string_view key, std::string_view where) {
   if (!object.is_object()) {

@@ -9,11 +9,16 @@
 namespace lily {
 
 using Json = nlohmann::json;
+// Keeps object keys in document order (Json sorts them): for values re-serialized to the model,
+// such as tool schemas and tool-call arguments, where the order is part of the prompt.
+using OrderedJson = nlohmann::ordered_json;
 
 // Parses `text` (which must be valid UTF-8 JSON). Rejects nesting deeper than
 // `max_depth`, duplicate keys in any object, and trailing garbage. `what` names the
 // source in error messages (e.g. "config.json"). Throws InputError.
 Json parse_strict_json(std::string_view text, std::string_view what, int max_depth);
+// The same rules, keys kept in document order.
+OrderedJson parse_strict_ordered_json(std::string_view text, std::string_view what, int max_depth);
 
 // Reads the whole file at `path` (at most `max_bytes`) and parses it strictly.
 Json read_strict_json_file(const std::string& path, uint64_t max_bytes, int max_depth);
@@ -21,6 +26,7 @@ Json read_strict_json_file(const std::string& path, uint64_t max_bytes, int max_
 // Short human description of a JSON value's type and content for error messages,
 // e.g. `number 256` or `string "foo"` (long values are cut).
 std::string describe_json(const Json& value);
+std::string describe_json(const OrderedJson& value);
 
 // Typed access. `where` is the dotted path used in messages ("config.json: text_config").
 // Each throws InputError naming the field, the expected type and what was found.
