@@ -512,7 +512,9 @@ TEST(HttpStream, FramesLargerThanTheBoundReachAReaderThatKeepsUp) {
   auto stream = p->request.start_stream({});
   ASSERT_TRUE(client.read_until("\r\n\r\n"));
   for (int i = 0; i < 6; ++i) {
-    const std::string data = "data: " + std::string(3000 + 100 * i, 'a' + i) + "\n\n";
+    const std::string data =
+        "data: " + std::string(static_cast<size_t>(3000 + 100 * i), static_cast<char>('a' + i)) +
+        "\n\n";
     ASSERT_TRUE(stream->write(data)) << "frame " << i << " of " << data.size() << " bytes refused";
     EXPECT_EQ(client.read_chunk(), data) << "frame " << i;
   }
