@@ -28,6 +28,19 @@ struct GenerationOptions {
   // Checked before each prefill chunk (model.chunk() tokens); return true to cancel, so that a
   // long prompt stops within one chunk. The state then holds the chunks already fed.
   std::function<bool()> cancel_prefill;
+  // Session-cache snapshots: absolute state positions, ascending, where prefill ends a chunk
+  // and calls on_snapshot(state) with state.position == that point before it goes on. Points
+  // at or below the position the state already holds, or at or beyond the prompt's end, are
+  // skipped (the end is the entry's own tokens). Empty, or no on_snapshot: chunks as usual.
+  std::vector<int64_t> snapshot_at;
+  std::function<void(DecodeState&)> on_snapshot;
+  // Optional: tokens to force into the output next, instead of the model's choice (a required
+  // tool call's opening, the reasoning budget's close, a test script). Called before the
+  // model's first token is acted on and after every token on_token lets proceed; empty: none.
+  // Forced tokens are generated tokens in every other respect (on_token sees them, with a null
+  // record; they count towards max_tokens and may stop generation) and are fed in one prefill,
+  // whose token continues the decode. Pipelined decode only (not with top_logits).
+  std::function<std::vector<int32_t>()> take_forced;
 };
 
 struct GenerationResult {

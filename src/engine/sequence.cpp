@@ -1,6 +1,7 @@
 // One request's generation as a state machine: token choice, stop rules, text and logprob deltas.
 #include "engine/sequence.h"
 
+#include <algorithm>
 #include <bit>
 #include <stdexcept>
 
@@ -33,6 +34,26 @@ Sequence::Sequence(const Tokenizer* tokenizer, SequenceConfig config)
     detokenizer_ = std::make_unique<IncrementalDetokenizer>(*tokenizer_, /*skip_special=*/true);
   }
   tokens_.reserve(static_cast<size_t>(std::min<int64_t>(config_.max_tokens, 1 << 16)));
+  const ForcingPlan& plan = config_.forcing;
+  if (plan.reasoning_budget >= 0 && plan.reasoning_end >= 0 &&
+      std::find(plan.reasoning_close.begin(), plan.reasoning_close.end(), plan.reasoning_end) ==
+          plan.reasoning_close.end()) {
+    throw std::invalid_argument("Sequence: reasoning_close must contain the reasoning end token");
+  }
+  in_reasoning_ = plan.reasoning_end >= 0;
+  forced_ = plan.prefix;
+  if (!in_reasoning_) {
+    forced_.insert(forced_.end(), plan.after_reasoning.begin(), plan.after_reasoning.end());
+  } else if (plan.reasoning_budget == 0) {
+    close_forced_ = true;
+    forced_.insert(forced_.end(), plan.reasoning_close.begin(), plan.reasoning_close.end());
+  }
+}
+
+std::vector<int32_t> Sequence::take_forced() {
+  std::vector<int32_t> out;
+  if (!finished()) std::swap(out, forced_);
+  return out;
 }
 
 const char* Sequence::finish_reason() const {
@@ -72,6 +93,18 @@ bool Sequence::accept(int32_t token, const int32_t* record) {
   if (finished()) throw std::logic_error("Sequence::accept after the end");
   tokens_.push_back(token);
   const bool stop_token = config_.stop_tokens.count(token) != 0;
+  if (in_reasoning_) {
+    const ForcingPlan& plan = config_.forcing;
+    ++reasoning_tokens_;
+    if (token == plan.reasoning_end) {
+      in_reasoning_ = false;
+      forced_.insert(forced_.end(), plan.after_reasoning.begin(), plan.after_reasoning.end());
+    } else if (plan.reasoning_budget >= 0 && reasoning_tokens_ >= plan.reasoning_budget &&
+               !close_forced_) {
+      close_forced_ = true;
+      forced_.insert(forced_.end(), plan.reasoning_close.begin(), plan.reasoning_close.end());
+    }
+  }
   // A stop token is not content: it gets no logprobs entry (its text is skipped too).
   if (record != nullptr && wants_logprobs() && !stop_token) {
     pending_.logprobs.push_back(token_logprobs_from_record(record));

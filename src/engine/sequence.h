@@ -23,6 +23,21 @@ struct TokenLogprobs {
   std::vector<std::pair<int32_t, float>> top;  // (id, logprob), descending
 };
 
+// Tokens a sequence forces into its output instead of the model's choice: a required or named
+// tool call's opening, the close of a reasoning that reached its budget, a test script's whole
+// answer. Forced tokens are generated tokens in every other respect (text, stop rules,
+// max_tokens) but have no logprobs entry and are not seen by the device sampler's penalties.
+struct ForcingPlan {
+  std::vector<int32_t> prefix;  // the output begins with these
+  // Thinking on: the output starts inside the reasoning, which ends with this token
+  // (`</think>`); -1: no reasoning.
+  int32_t reasoning_end = -1;
+  int64_t reasoning_budget = -1;         // reasoning tokens allowed; -1: unlimited
+  std::vector<int32_t> reasoning_close;  // forced at the budget; must contain reasoning_end
+  std::vector<int32_t> after_reasoning;  // forced right after the reasoning ends (or, without
+                                         // reasoning, after `prefix`)
+};
+
 // What a request asks of its generation.
 struct SequenceConfig {
   int64_t max_tokens = 128;                 // >= 1
@@ -32,6 +47,7 @@ struct SequenceConfig {
   // stages (sampling.h); params.top_logprobs is set from top_logprobs below.
   std::optional<SamplerParams> sampling;
   int top_logprobs = -1;  // -1: no logprobs; 0..20: logprobs with that many alternatives
+  ForcingPlan forcing;
 };
 
 // Output that became final with one token: text (whole UTF-8 characters, with anything that
@@ -63,6 +79,13 @@ class Sequence {
   bool accept(int32_t token, const int32_t* record);
   // The client went away: ends the sequence as cancelled (no further text is released).
   void cancel();
+  // The tokens to force next (ForcingPlan), after the last accepted token; empty: none. Each
+  // is handed out once; the driver feeds them through accept() like model tokens.
+  std::vector<int32_t> take_forced();
+  bool in_reasoning() const { return in_reasoning_; }
+  // Tokens generated inside the reasoning, its end token included
+  // (usage.completion_tokens_details.reasoning_tokens).
+  int64_t reasoning_tokens() const { return reasoning_tokens_; }
   // The driver's count of generated tokens fed into the state (GenerationResult::fed).
   void set_fed(int64_t fed) { fed_ = fed; }
 
@@ -91,6 +114,10 @@ class Sequence {
   SequenceEnd end_ = SequenceEnd::running;
   std::string text_;
   SequenceDelta pending_;
+  bool in_reasoning_ = false;
+  int64_t reasoning_tokens_ = 0;
+  bool close_forced_ = false;  // the budget's close was handed out
+  std::vector<int32_t> forced_;  // to hand out at the next take_forced()
 };
 
 // Decodes a token record (TokenRecordLayout) into its entry.

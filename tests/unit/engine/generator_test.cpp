@@ -102,5 +102,110 @@ TEST(Generator, PipelinedDecodeMatchesStepByStep) {
   expect_both(options, "cancelled", 2, 2, "cancel on the last allowed token", 2);
 }
 
+
+// Greedy tokens of a fresh state fed `prompt` (the reference for what follows forced tokens:
+// forcing f after the prompt must continue exactly as a prompt that ends with f).
+std::vector<int32_t> greedy_after(const std::vector<int32_t>& prompt, int64_t count) {
+  GenerationOptions options;
+  options.max_tokens = count;
+  DecodeState state(*tiny().backend, tiny().checkpoint.config.shape, kMaxSeq);
+  return generate(tiny().model, state, prompt, options).tokens;
+}
+
+std::vector<int32_t> concat(std::vector<int32_t> a, const std::vector<int32_t>& b) {
+  a.insert(a.end(), b.begin(), b.end());
+  return a;
+}
+
+// Forced tokens: a prefix replaces the model's first token, a batch handed out after token k
+// replaces token k + 1; what follows each batch is the model's greedy continuation of
+// prompt + everything before, and the state holds prompt + fed.
+TEST(Generator, ForcedTokensReplaceTheModelsChoiceAndContinueFromThem) {
+  const std::vector<int32_t> prompt = prompt_tokens();
+  const std::vector<int32_t> prefix = {7, 9, 11};
+  const std::vector<int32_t> later = {13, 17};
+  for (const bool with_prefix : {false, true}) {
+    for (const int after : {-1, 0, 2}) {  // -1: no later batch; else after output token `after`
+      const std::string label = std::string("prefix ") + (with_prefix ? "yes" : "no") +
+                                ", later batch after token " + std::to_string(after);
+      GenerationOptions options;
+      options.max_tokens = 12;
+      std::vector<int32_t> seen;
+      options.on_token = [&seen](int32_t token, const int32_t*) {
+        seen.push_back(token);
+        return TokenAction::proceed;
+      };
+      int calls = 0;
+      bool prefix_given = !with_prefix;
+      bool later_given = after < 0;
+      options.take_forced = [&]() -> std::vector<int32_t> {
+        ++calls;
+        if (!prefix_given) {
+          prefix_given = true;
+          return prefix;
+        }
+        if (!later_given && static_cast<int>(seen.size()) == after + 1 + (with_prefix ? 3 : 0)) {
+          later_given = true;
+          return later;
+        }
+        return {};
+      };
+      DecodeState state(*tiny().backend, tiny().checkpoint.config.shape, kMaxSeq);
+      const GenerationResult result = generate(tiny().model, state, prompt, options);
+
+      // The expected tokens, built from fresh greedy runs.
+      std::vector<int32_t> expected = with_prefix ? prefix : std::vector<int32_t>();
+      const auto fill = [&](size_t until) {
+        const std::vector<int32_t> more = greedy_after(
+            concat(prompt, expected), static_cast<int64_t>(until - expected.size()));
+        expected.insert(expected.end(), more.begin(), more.end());
+      };
+      if (after >= 0) {
+        fill(expected.size() + static_cast<size_t>(after) + 1);
+        expected.insert(expected.end(), later.begin(), later.end());
+      }
+      fill(12);
+      EXPECT_EQ(result.tokens, expected) << label;
+      EXPECT_EQ(seen, expected) << label << ": on_token saw every token, forced ones too";
+      EXPECT_EQ(result.finish_reason, "length") << label;
+      EXPECT_EQ(state.position, static_cast<int64_t>(prompt.size()) + result.fed) << label;
+      EXPECT_EQ(result.fed, 11) << label;
+      EXPECT_GT(calls, 0) << label;
+    }
+  }
+}
+
+// A forced stop token ends generation (every accepted token fed); so does max_tokens reached
+// inside a batch.
+TEST(Generator, ForcedTokensCanEndTheGeneration) {
+  const std::vector<int32_t> prompt = prompt_tokens();
+  GenerationOptions options;
+  options.max_tokens = 10;
+  options.stop_tokens = {3};
+  bool given = false;
+  options.take_forced = [&given]() -> std::vector<int32_t> {
+    if (given) return {};
+    given = true;
+    return {21, 22, 3, 23};
+  };
+  DecodeState state(*tiny().backend, tiny().checkpoint.config.shape, kMaxSeq);
+  GenerationResult result = generate(tiny().model, state, prompt, options);
+  EXPECT_EQ(result.tokens, (std::vector<int32_t>{21, 22, 3}));
+  EXPECT_EQ(result.finish_reason, "stop");
+  EXPECT_EQ(result.fed, 3);
+  EXPECT_EQ(state.position, static_cast<int64_t>(prompt.size()) + 3);
+
+  options.max_tokens = 2;
+  given = false;
+  DecodeState second(*tiny().backend, tiny().checkpoint.config.shape, kMaxSeq);
+  result = generate(tiny().model, second, prompt, options);
+  EXPECT_EQ(result.tokens, (std::vector<int32_t>{21, 22}));
+  EXPECT_EQ(result.finish_reason, "length");
+  EXPECT_EQ(second.position, static_cast<int64_t>(prompt.size()) + result.fed);
+
+  options.top_logits = 1;  // the stepwise loop has no forcing
+  EXPECT_THROW(generate(tiny().model, second, prompt, options), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace lily

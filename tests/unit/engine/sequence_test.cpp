@@ -209,5 +209,94 @@ TEST(Sequence, RefusesBadConfigs) {
   EXPECT_THROW(Sequence(nullptr, config), std::invalid_argument);
 }
 
+
+// ---- forced tokens (ForcingPlan) -----------------------------------------------------------
+
+// Token ids only (no tokenizer): 900 plays `</think>`, 901.. the forced texts.
+constexpr int32_t kThinkEnd = 900;
+
+SequenceConfig forcing_config(ForcingPlan plan, int64_t max_tokens = 50) {
+  SequenceConfig config;
+  config.max_tokens = max_tokens;
+  config.forcing = std::move(plan);
+  return config;
+}
+
+TEST(SequenceForcing, PrefixThenAfterReasoningWithoutThinking) {
+  ForcingPlan plan;
+  plan.prefix = {1, 2};
+  plan.after_reasoning = {3};
+  Sequence sequence(nullptr, forcing_config(plan));
+  EXPECT_FALSE(sequence.in_reasoning());
+  EXPECT_EQ(sequence.take_forced(), (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_TRUE(sequence.take_forced().empty()) << "handed out once";
+  for (int32_t t : {1, 2, 3, 40}) EXPECT_TRUE(sequence.accept(t, nullptr));
+  EXPECT_TRUE(sequence.take_forced().empty());
+  EXPECT_EQ(sequence.reasoning_tokens(), 0);
+}
+
+TEST(SequenceForcing, AfterReasoningFollowsTheReasoningEnd) {
+  ForcingPlan plan;
+  plan.reasoning_end = kThinkEnd;
+  plan.after_reasoning = {901, 902};
+  Sequence sequence(nullptr, forcing_config(plan));
+  EXPECT_TRUE(sequence.in_reasoning());
+  EXPECT_TRUE(sequence.take_forced().empty());
+  for (int32_t t : {10, 11, 12}) {
+    EXPECT_TRUE(sequence.accept(t, nullptr));
+    EXPECT_TRUE(sequence.take_forced().empty());
+  }
+  EXPECT_TRUE(sequence.accept(kThinkEnd, nullptr));
+  EXPECT_FALSE(sequence.in_reasoning());
+  EXPECT_EQ(sequence.reasoning_tokens(), 4) << "three reasoning tokens and the end token";
+  EXPECT_EQ(sequence.take_forced(), (std::vector<int32_t>{901, 902}));
+  EXPECT_TRUE(sequence.accept(901, nullptr));
+  EXPECT_EQ(sequence.reasoning_tokens(), 4);
+}
+
+TEST(SequenceForcing, TheBudgetForcesTheCloseOnceAndTheCloseEndsTheReasoning) {
+  ForcingPlan plan;
+  plan.reasoning_end = kThinkEnd;
+  plan.reasoning_budget = 3;
+  plan.reasoning_close = {905, kThinkEnd, 906};
+  plan.after_reasoning = {907};
+  Sequence sequence(nullptr, forcing_config(plan));
+  EXPECT_TRUE(sequence.accept(10, nullptr));
+  EXPECT_TRUE(sequence.accept(11, nullptr));
+  EXPECT_TRUE(sequence.take_forced().empty());
+  EXPECT_TRUE(sequence.accept(12, nullptr));  // the third reasoning token: the budget is spent
+  EXPECT_EQ(sequence.take_forced(), (std::vector<int32_t>{905, kThinkEnd, 906}));
+  EXPECT_TRUE(sequence.accept(905, nullptr));
+  EXPECT_TRUE(sequence.take_forced().empty()) << "the close is not forced twice";
+  EXPECT_TRUE(sequence.accept(kThinkEnd, nullptr));
+  EXPECT_FALSE(sequence.in_reasoning());
+  EXPECT_EQ(sequence.reasoning_tokens(), 5);
+  EXPECT_TRUE(sequence.accept(906, nullptr));
+  EXPECT_EQ(sequence.take_forced(), (std::vector<int32_t>{907}));
+}
+
+TEST(SequenceForcing, ABudgetOfZeroClosesTheReasoningAtOnce) {
+  ForcingPlan plan;
+  plan.reasoning_end = kThinkEnd;
+  plan.reasoning_budget = 0;
+  plan.reasoning_close = {kThinkEnd, 906};
+  Sequence sequence(nullptr, forcing_config(plan));
+  EXPECT_EQ(sequence.take_forced(), (std::vector<int32_t>{kThinkEnd, 906}));
+}
+
+TEST(SequenceForcing, NothingIsForcedAfterTheEndAndABadCloseIsRefused) {
+  ForcingPlan plan;
+  plan.reasoning_end = kThinkEnd;
+  plan.after_reasoning = {901};
+  Sequence sequence(nullptr, forcing_config(plan, 1));
+  EXPECT_FALSE(sequence.accept(kThinkEnd, nullptr));  // max_tokens 1: the end
+  EXPECT_TRUE(sequence.take_forced().empty());
+  ForcingPlan bad;
+  bad.reasoning_end = kThinkEnd;
+  bad.reasoning_budget = 4;
+  bad.reasoning_close = {905};
+  EXPECT_THROW(Sequence(nullptr, forcing_config(bad)), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace lily
