@@ -3,7 +3,9 @@
 
 #include <exception>
 #include <span>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "engine/generator.h"
 
@@ -19,6 +21,18 @@ EngineResult error_result(const EngineRequest& request, std::string message) {
 
 bool is_cancelled(const EngineRequest& request) {
   return request.cancelled && request.cancelled->load(std::memory_order_acquire);
+}
+
+// Why the snapshot points cannot be served ("" when they can). Points outside the prompt are
+// skipped by the generator; only the order is the caller's to get right.
+std::string snapshot_points_error(const std::vector<int64_t>& points) {
+  for (size_t i = 1; i < points.size(); ++i) {
+    if (points[i] < points[i - 1]) {
+      return "snapshot points must be ascending, found " + std::to_string(points[i]) +
+             " after " + std::to_string(points[i - 1]);
+    }
+  }
+  return "";
 }
 
 }  // namespace
@@ -118,6 +132,10 @@ EngineResult Engine::run(const EngineRequest& request) {
   if (tokenizer_ == nullptr && !request.sequence.stop_strings.empty()) {
     return error_result(request, "invalid request: stop strings without a tokenizer");
   }
+  if (const std::string why = snapshot_points_error(request.snapshot_points);
+      !why.empty()) {
+    return error_result(request, "invalid request: " + why);
+  }
 
   EngineResult result;
   result.prompt_tokens = prompt_size;
@@ -162,6 +180,8 @@ EngineResult Engine::run(const EngineRequest& request) {
       return TokenAction::proceed;
     };
     options.cancel_prefill = [&request] { return is_cancelled(request); };
+    options.snapshot_at = request.snapshot_points;
+    options.on_snapshot = [this, &lease](DecodeState&) { cache_.snapshot(lease); };
     const int64_t cached = lease.cached_tokens();
     GenerationResult generated = generate(
         model_, lease.state(), prompt.subspan(static_cast<size_t>(cached)), options);

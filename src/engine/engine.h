@@ -34,6 +34,12 @@ struct EngineRequest {
   // strings, sampling, logprobs. Stop strings need the engine's tokenizer.
   SequenceConfig sequence;
   std::optional<std::string> prompt_cache_key;
+  // Session-cache snapshot points: prompt positions, ascending, where the state is
+  // snapshotted during prefill, e.g. where the prompt ends before its generation prompt, so
+  // that the next turn, which drops this turn's reasoning, still reuses the prompt up to
+  // there. Points at or below the reused prefix, or not below prompt.size(), are skipped.
+  // Empty (--strict): Lily's strict-prefix reuse only.
+  std::vector<int64_t> snapshot_points;
   std::shared_ptr<std::atomic<bool>> cancelled = std::make_shared<std::atomic<bool>>(false);
   // Optional, called on the inference thread after each generated token, before the
   // cancellation flag is checked. Must not throw.

@@ -1,4 +1,4 @@
-// Session prefix cache: strict-prefix hits, key steering, LRU, leases, fed accounting, reuse == fresh.
+// Session prefix cache: strict-prefix and snapshot hits, key steering, LRU, leases, fed accounting, reuse == fresh.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -314,6 +314,256 @@ TEST(SessionCache, ReusedStateGeneratesLikeAFreshOne) {
           << "step " << i << " rank " << j;
     }
   }
+}
+
+// --- Snapshots at message boundaries -------------------------------------------------------
+
+std::unique_ptr<SessionCache> make_snapshot_cache(size_t entries, size_t snapshots) {
+  return std::make_unique<SessionCache>(*tiny().backend, tiny().checkpoint.config.shape, kMaxSeq,
+                                        entries, snapshots);
+}
+
+struct Served {
+  int64_t cached = 0;
+  bool from_snapshot = false;
+};
+
+// Like serve, snapshotting the state at each point above the reused prefix (the generator's
+// on_snapshot), and keeping the whole prompt.
+Served serve_points(SessionCache& cache, const std::vector<int32_t>& prompt,
+                    const std::vector<int64_t>& points,
+                    const std::optional<std::string>& key = std::nullopt) {
+  SessionLease lease = cache.acquire(prompt, key);
+  Served served{lease.cached_tokens(), lease.from_snapshot()};
+  EXPECT_EQ(lease.state().position, served.cached);
+  auto feed_to = [&](int64_t end) {
+    const auto begin = static_cast<size_t>(lease.state().position);
+    tiny().model.forward(lease.state(), std::span<const int32_t>(prompt).subspan(
+                                            begin, static_cast<size_t>(end) - begin));
+  };
+  for (int64_t point : points) {
+    if (point <= lease.state().position || point >= static_cast<int64_t>(prompt.size())) continue;
+    feed_to(point);
+    EXPECT_TRUE(cache.snapshot(lease));
+  }
+  feed_to(static_cast<int64_t>(prompt.size()));
+  EXPECT_TRUE(cache.release(lease, prompt));
+  return served;
+}
+
+std::vector<int32_t> head(const std::vector<int32_t>& ids, size_t n) {
+  return std::vector<int32_t>(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(n));
+}
+
+// The case snapshots exist for: turn 1 = user text + generation prompt (snapshot where the
+// generation prompt starts) + the answer with its reasoning; turn 2 re-renders the answer
+// without the reasoning, so it diverges right at the snapshot point.
+TEST(SessionCacheSnapshots, DivergenceAtTheBoundaryReusesThePromptBeforeIt) {
+  auto cache = make_snapshot_cache(2, 4);
+  const auto user1 = tokens(12, 101);
+  const auto generation_prompt = tokens(3, 102);
+  const auto turn1 = concat(user1, generation_prompt);
+  EXPECT_EQ(serve_points(*cache, turn1, {12}).cached, 0);
+  EXPECT_EQ(cache->snapshot_positions(), (std::vector<int64_t>{12}));
+
+  const auto turn2 = concat(concat(user1, tokens(4, 103)), tokens(5, 104));
+  ASSERT_NE(turn2[12], turn1[12]);
+  SessionLease lease = cache->acquire(turn2);
+  EXPECT_EQ(lease.cached_tokens(), 12);
+  EXPECT_TRUE(lease.from_snapshot());
+  EXPECT_EQ(lease.state().position, 12);
+  // The restored state continues exactly like a fresh one over the whole turn-2 prompt.
+  tiny().model.forward(lease.state(), std::span<const int32_t>(turn2).subspan(12));
+  std::vector<float> restored;
+  tiny().model.logits_to_host(restored);
+  DecodeState fresh(*tiny().backend, tiny().checkpoint.config.shape, kMaxSeq);
+  tiny().model.forward(fresh, head(turn2, 12));
+  tiny().model.forward(fresh, std::span<const int32_t>(turn2).subspan(12));
+  std::vector<float> expected;
+  tiny().model.logits_to_host(expected);
+  EXPECT_EQ(restored, expected);  // same chunks ([0, 12) then the rest): bit for bit
+  cache->drop(lease);
+
+  // The same prompts without snapshots: Lily's strict prefix only, a miss.
+  auto strict = make_snapshot_cache(2, 4);
+  EXPECT_EQ(serve_points(*strict, turn1, {}).cached, 0);
+  EXPECT_TRUE(strict->snapshot_positions().empty());
+  EXPECT_EQ(serve_points(*strict, turn2, {}).cached, 0);
+}
+
+// Regenerating the same prompt: the entry (prompt + answer) is no strict prefix of it, but
+// its snapshot is.
+TEST(SessionCacheSnapshots, TheSamePromptAgainHitsItsSnapshot) {
+  auto cache = make_snapshot_cache(2, 4);
+  const auto prompt = tokens(15, 111);
+  GenerationOptions options;
+  options.max_tokens = 4;
+  SessionLease lease = cache->acquire(prompt);
+  options.snapshot_at = {11};
+  options.on_snapshot = [&](DecodeState& state) {
+    EXPECT_EQ(state.position, 11);
+    EXPECT_TRUE(cache->snapshot(lease));
+  };
+  const GenerationResult first = generate(tiny().model, lease.state(), prompt, options);
+  ASSERT_TRUE(cache->release(lease, SessionCache::consumed_tokens(prompt, first)));
+  EXPECT_EQ(cache->snapshot_positions(), (std::vector<int64_t>{11}));
+
+  SessionLease again = cache->acquire(prompt);
+  EXPECT_EQ(again.cached_tokens(), 11);
+  EXPECT_TRUE(again.from_snapshot());
+  options.on_snapshot = nullptr;
+  const GenerationResult second = generate(tiny().model, again.state(),
+                                           std::span<const int32_t>(prompt).subspan(11), options);
+  EXPECT_EQ(second.tokens, first.tokens);
+}
+
+TEST(SessionCacheSnapshots, TheLongestReuseWinsAndAStrictPrefixWinsTies) {
+  const auto base = tokens(16, 121);
+  {
+    // Entry tokens extended by the prompt (20 reused) beat its own snapshot at 12.
+    auto cache = make_snapshot_cache(2, 4);
+    serve_points(*cache, concat(base, tokens(4, 122)), {12});
+    const Served hit = serve_points(*cache, concat(concat(base, tokens(4, 122)), tokens(2, 123)), {});
+    EXPECT_EQ(hit.cached, 20);
+    EXPECT_FALSE(hit.from_snapshot);
+  }
+  // In the cases below B is served first, so that A (a prefix of B's prompt, shorter than B's
+  // snapshot point) misses it and takes the other state.
+  {
+    // A's 8 tokens are a strict prefix; B's snapshot at 12 reuses more.
+    auto cache = make_snapshot_cache(2, 4);
+    serve_points(*cache, concat(head(base, 12), tokens(5, 124)), {12});
+    EXPECT_EQ(serve_points(*cache, head(base, 8), {}).cached, 0);
+    const Served hit = serve_points(*cache, concat(head(base, 12), tokens(3, 125)), {});
+    EXPECT_EQ(hit.cached, 12);
+    EXPECT_TRUE(hit.from_snapshot);
+  }
+  {
+    // Equal reuse (10): A's strict prefix over B's snapshot, although B is the newer entry.
+    auto cache = make_snapshot_cache(2, 4);
+    const auto b = concat(head(base, 10), tokens(5, 126));
+    serve_points(*cache, b, {10});
+    EXPECT_EQ(serve_points(*cache, head(base, 10), {}).cached, 0);
+    SessionLease touch = cache->acquire(concat(b, tokens(1, 127)));  // B, put back as it was
+    ASSERT_EQ(touch.cached_tokens(), 15);
+    ASSERT_TRUE(cache->release(touch, b));
+    const Served hit = serve_points(*cache, concat(head(base, 10), tokens(3, 128)), {});
+    EXPECT_EQ(hit.cached, 10);
+    EXPECT_FALSE(hit.from_snapshot);
+  }
+  {
+    // A key match beats a longer reuse, as for strict prefixes: A (key "a") holds a snapshot
+    // at 6, B (no key) one at 12.
+    auto cache = make_snapshot_cache(2, 4);
+    serve_points(*cache, concat(head(base, 12), tokens(4, 129)), {12});
+    EXPECT_EQ(serve_points(*cache, concat(head(base, 6), tokens(4, 130)), {6}, "a").cached, 0);
+    const auto prompt = concat(head(base, 12), tokens(3, 131));
+    SessionLease keyed = cache->acquire(prompt, "a");
+    EXPECT_EQ(keyed.cached_tokens(), 6);
+    EXPECT_TRUE(keyed.from_snapshot());
+    SessionLease keyless = cache->acquire(prompt);  // A is out: B's snapshot
+    EXPECT_EQ(keyless.cached_tokens(), 12);
+    EXPECT_TRUE(keyless.from_snapshot());
+  }
+}
+
+TEST(SessionCacheSnapshots, SnapshotsAboveTheReusePointAreDropped) {
+  auto cache = make_snapshot_cache(2, 4);
+  const auto old_history = tokens(20, 141);
+  serve_points(*cache, old_history, {5, 10, 15});
+  EXPECT_EQ(cache->snapshot_positions(), (std::vector<int64_t>{5, 10, 15}));
+  // Matches the old history up to 12, then diverges: restored at 10; 15 is gone with the old
+  // history, 5 and 10 stay (the state's tokens below 10 are unchanged).
+  auto branch = concat(head(old_history, 12), tokens(6, 142));
+  ASSERT_NE(branch[12], old_history[12]);
+  const Served hit = serve_points(*cache, branch, {});
+  EXPECT_EQ(hit.cached, 10);
+  EXPECT_TRUE(hit.from_snapshot);
+  EXPECT_EQ(cache->snapshot_positions(), (std::vector<int64_t>{5, 10}));
+  // The old history up to 16 reuses 10 now, not 15.
+  const Served back = serve_points(*cache, concat(head(old_history, 16), tokens(2, 143)), {});
+  EXPECT_EQ(back.cached, 10);
+  EXPECT_TRUE(back.from_snapshot);
+}
+
+TEST(SessionCacheSnapshots, AResetEntryLosesItsSnapshots) {
+  auto cache = make_snapshot_cache(1, 4);
+  const auto a = tokens(14, 151);
+  serve_points(*cache, a, {6, 9});
+  EXPECT_EQ(cache->snapshot_positions(), (std::vector<int64_t>{6, 9}));
+  EXPECT_EQ(serve_points(*cache, tokens(10, 152), {}).cached, 0);  // one entry: A is evicted
+  EXPECT_TRUE(cache->snapshot_positions().empty());
+  EXPECT_EQ(serve_points(*cache, concat(head(a, 9), tokens(2, 153)), {}).cached, 0);
+
+  // A dropped lease (a generation error) takes the snapshots it made with it, and so does a
+  // release whose token count does not match the state.
+  SessionLease lease = cache->acquire(a);
+  tiny().model.forward(lease.state(), head(a, 6));
+  EXPECT_TRUE(cache->snapshot(lease));
+  EXPECT_EQ(cache->snapshot_positions(), (std::vector<int64_t>{6}));
+  cache->drop(lease);
+  EXPECT_TRUE(cache->snapshot_positions().empty());
+  EXPECT_FALSE(cache->snapshot(lease));  // an empty lease
+  SessionLease mismatched = cache->acquire(a);
+  tiny().model.forward(mismatched.state(), head(a, 6));
+  EXPECT_TRUE(cache->snapshot(mismatched));
+  EXPECT_FALSE(cache->release(mismatched, a));  // position 6, 14 tokens claimed
+  EXPECT_TRUE(cache->snapshot_positions().empty());
+}
+
+// --cache-snapshots N: N snapshots in all, allocated up front, the least recently used evicted.
+TEST(SessionCacheSnapshots, TheTotalIsBoundedAndTheLeastRecentlyUsedGoesFirst) {
+  std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  const ModelShape& shape = tiny().checkpoint.config.shape;
+  const uint64_t before = backend->allocated_bytes();
+  SessionCache none(*backend, shape, kMaxSeq, 2, 0);
+  const uint64_t states = backend->allocated_bytes() - before;
+  SessionCache three(*backend, shape, kMaxSeq, 2, 3);
+  EXPECT_EQ(backend->allocated_bytes() - before, 2 * states + 3 * 1'646'592u);
+  EXPECT_EQ(three.snapshot_capacity(), 3u);
+  EXPECT_EQ(three.snapshot_bytes(), 3 * 1'646'592u);
+  EXPECT_EQ(none.snapshot_capacity(), 0u);
+  EXPECT_EQ(SessionCache(*backend, shape, kMaxSeq, 0, 3).snapshot_capacity(), 0u);  // no entries
+
+  // A conversation: each turn drops the previous answer's reasoning, so each snapshot point
+  // is where the previous prompt's generation prompt began.
+  auto cache = make_snapshot_cache(2, 3);
+  std::vector<int32_t> prompt = concat(tokens(8, 161), tokens(2, 99));
+  std::vector<int64_t> expected_positions;
+  int64_t point = 8;
+  for (uint32_t turn = 0; turn < 5; ++turn) {
+    const Served served = serve_points(*cache, prompt, {point});
+    EXPECT_EQ(served.cached, turn == 0 ? 0 : point - 6) << "turn " << turn;
+    expected_positions.push_back(point);
+    if (expected_positions.size() > 3) expected_positions.erase(expected_positions.begin());
+    EXPECT_EQ(cache->snapshot_positions(), expected_positions) << "turn " << turn;
+    // Next: the prompt up to the point, the answer without reasoning, new user text.
+    prompt = concat(concat(head(prompt, static_cast<size_t>(point)), tokens(2, 170 + turn)),
+                    concat(tokens(4, 180 + turn), tokens(2, 99)));
+    point += 6;
+  }
+  // 8 and 14 were evicted, the oldest.
+  EXPECT_EQ(cache->snapshot_positions(), (std::vector<int64_t>{20, 26, 32}));
+  // Another conversation evicts the least recently used snapshot (20), not the newest.
+  serve_points(*cache, concat(tokens(6, 190), tokens(2, 99)), {6});
+  EXPECT_EQ(cache->snapshot_positions(), (std::vector<int64_t>{6, 26, 32}));
+}
+
+// Without snapshot points (--strict), the cache is Lily's strict-prefix cache even when it
+// holds snapshot buffers; and with none to hold, snapshot() refuses.
+TEST(SessionCacheSnapshots, NoPointsMeansStrictPrefixOnly) {
+  auto cache = make_snapshot_cache(2, 4);
+  const auto prompt = tokens(12, 201);
+  EXPECT_EQ(serve_points(*cache, prompt, {}).cached, 0);
+  EXPECT_EQ(serve_points(*cache, concat(prompt, tokens(2, 202)), {}).cached, 12);
+  EXPECT_EQ(serve_points(*cache, concat(head(prompt, 10), tokens(4, 203)), {}).cached, 0);
+  EXPECT_TRUE(cache->snapshot_positions().empty());
+
+  auto without = make_snapshot_cache(2, 0);
+  SessionLease lease = without->acquire(prompt);
+  tiny().model.forward(lease.state(), head(prompt, 5));
+  EXPECT_FALSE(without->snapshot(lease));
+  EXPECT_TRUE(without->snapshot_positions().empty());
 }
 
 }  // namespace
