@@ -1,7 +1,10 @@
-// `lily render-chat`: one JSON messages array per stdin line -> one rendered prompt per line.
+// `lily render-chat`: one conversation per stdin line -> one rendered prompt per line.
 //
+// A line is either a JSON array of messages in Lily's strict shape ({role, content}, no
+// tools, thinking disabled), or an object {"messages", "tools", "chat_template_kwargs"} in
+// OpenAI's shapes (text/chat_messages.h; thinking disabled unless enable_thinking is true).
 // Every input line gives exactly one output line: the prompt as a JSON string, or
-// {"error": "..."} when the line is not valid JSON, not a valid messages array, or the chat
+// {"error": "..."} when the line is not valid JSON, not a valid conversation, or the chat
 // template refuses it. Processing always continues with the next line; the exit code is 0
 // once stdin has been read to its end. Only usage errors (exit 2), a failing read of stdin
 // (exit 2) and a failing write to stdout (exit 1) end the command early.
@@ -13,12 +16,14 @@
 #include "core/error.h"
 #include "core/strict_json.h"
 #include "text/chat_format.h"
+#include "text/chat_messages.h"
 
 namespace lily {
 
 namespace {
 
-// A messages array nests two levels; anything deeper is wrong anyway, this only bounds work.
+// A messages array nests two levels, an object line with tool schemas and call arguments a
+// dozen at most; this only bounds work.
 constexpr int kMaxJsonDepth = 16;
 // One line (one conversation) may be at most this long; the rest of a longer line is skipped.
 constexpr size_t kMaxLineBytes = size_t{64} << 20;
@@ -48,8 +53,15 @@ std::string render_line(const std::string& line, size_t line_number, bool too_lo
     if (too_long) {
       throw InputError(where + ": longer than " + std::to_string(kMaxLineBytes) + " bytes");
     }
-    const Json messages = parse_strict_json(line, where, kMaxJsonDepth);
-    const std::string prompt = render_chat(parse_chat_messages(messages, "messages"));
+    // Keys in document order: tool schemas and call arguments are rendered in that order.
+    const OrderedJson parsed = parse_strict_ordered_json(line, where, kMaxJsonDepth);
+    std::string prompt;
+    if (parsed.is_object()) {
+      const ChatConversation conversation = parse_chat_conversation(parsed);
+      prompt = render_chat(conversation.messages, conversation.tools, conversation.options);
+    } else {
+      prompt = render_chat(parse_chat_messages(Json(parsed), "messages"));
+    }
     return Json(prompt).dump(-1, ' ', false, Json::error_handler_t::replace);
   } catch (const InputError& error) {
     const Json reply = {{"error", error.what()}};

@@ -1,4 +1,4 @@
-// Native chat format: the checkpoint chat template (no tools) plus Lily's nothink history rewrite.
+// Native chat format: the checkpoint chat template (tools, reasoning) plus Lily's nothink rewrite.
 //
 // Every rule below names the lines of qwen3.6-chat_template.jinja it mirrors ("T<n>" =
 // line n of that file); docs/chat-format.md explains them one by one.
@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "core/error.h"
+#include "text/python_json.h"
 
 namespace lily {
 
@@ -16,6 +17,21 @@ constexpr std::string_view kThinkOpen = "<think>";
 constexpr std::string_view kThinkClose = "</think>";
 constexpr std::string_view kToolResponseOpen = "<tool_response>";
 constexpr std::string_view kToolResponseClose = "</tool_response>";
+
+// T47 and T53: the text around the tool list in the tools system block.
+constexpr std::string_view kToolsHeader =
+    "# Tools\n\nYou have access to the following functions:\n\n<tools>";
+constexpr std::string_view kToolsInstructions =
+    "\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"
+    "<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n"
+    "</parameter>\n<parameter=example_parameter_2>\nThis is the value for the second parameter\n"
+    "that can span\nmultiple lines\n</parameter>\n</function>\n</tool_call>\n\n<IMPORTANT>\n"
+    "Reminder:\n- Function calls MUST follow the specified format: an inner "
+    "<function=...></function> block must be nested within <tool_call></tool_call> XML tags\n"
+    "- Required parameters MUST be specified\n- You may provide optional reasoning for your "
+    "function call in natural language BEFORE the function call, but NOT after\n- If there is "
+    "no function call available, answer the question like normal with your current knowledge "
+    "and do not tell the user about function calls\n</IMPORTANT>";
 
 // Python's str.isspace() (bidirectional class WS, B or S, or category Zs), which is what
 // Jinja2's `trim` filter (str.strip) removes. Stable since Unicode 6.3.
@@ -92,6 +108,8 @@ std::string_view chat_role_name(ChatRole role) {
       return "user";
     case ChatRole::assistant:
       return "assistant";
+    case ChatRole::tool:
+      return "tool";
   }
   return "unknown";
 }
@@ -165,66 +183,142 @@ std::vector<ChatMessage> parse_chat_messages(const Json& messages, std::string_v
   return out;
 }
 
-ContentPartKind template_content_part_kind(const Json& part) {
+namespace {
+
+template <typename J>
+ContentPartKind content_part_kind(const J& part) {
   // `'k' in item` on a mapping tests for the key; `item.type == 'x'` is false unless "type"
   // holds exactly that string.
   const auto type_is = [&](std::string_view type) {
     const auto it = part.find("type");
-    return it != part.end() && it->is_string() && it->get_ref<const std::string&>() == type;
+    return it != part.end() && it->is_string() &&
+           it->template get_ref<const std::string&>() == type;
   };
   if (part.contains("image") || part.contains("image_url") || type_is("image")) {  // T8
     return ContentPartKind::image;
   }
   if (part.contains("video") || type_is("video")) return ContentPartKind::video;  // T19
   if (part.contains("text")) return ContentPartKind::text;                        // T30
-  return ContentPartKind::unexpected;                                              // T32-33
+  return ContentPartKind::unexpected;                                             // T32-33
+}
+
+}  // namespace
+
+ContentPartKind template_content_part_kind(const Json& part) {
+  return content_part_kind(part);
+}
+
+ContentPartKind template_content_part_kind(const OrderedJson& part) {
+  return content_part_kind(part);
 }
 
 void check_chat_request_messages(const std::vector<ChatMessage>& messages) {
   if (messages.empty()) throw InputError("messages must not be empty");
-  if (messages.back().role != ChatRole::user) {
+  if (messages.back().role != ChatRole::user && messages.back().role != ChatRole::tool) {
     throw InputError("the final message must have role=user, found role=" +
                      std::string(chat_role_name(messages.back().role)));
   }
 }
 
-std::vector<TemplateMessage> nothink_history_rewrite(const std::vector<ChatMessage>& messages) {
+std::vector<ChatMessage> nothink_history_rewrite(const std::vector<ChatMessage>& messages) {
   // The index of the last message with role user, whatever its content (Lily's
   // last_query_index() is rposition(role == User), not the template's notion).
   std::optional<size_t> last_user;
   for (size_t i = 0; i < messages.size(); ++i) {
     if (messages[i].role == ChatRole::user) last_user = i;
   }
-  std::vector<TemplateMessage> out;
-  out.reserve(messages.size());
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const ChatMessage& m = messages[i];
-    TemplateMessage t{m.role, m.content, std::nullopt};
+  std::vector<ChatMessage> out = messages;
+  for (size_t i = 0; i < out.size(); ++i) {
+    ChatMessage& m = out[i];
     if (m.role == ChatRole::assistant && last_user && i <= *last_user) {
       if (!std::string_view(m.content).starts_with(kEmptyThinkBlock)) {
-        t.content = std::string(kEmptyThinkBlock) + m.content;
+        m.content.insert(0, kEmptyThinkBlock);
       }
-      t.reasoning_content = std::string();
+      m.reasoning_content = std::string();
     }
-    out.push_back(std::move(t));
   }
   return out;
 }
 
-std::string render_chat_template(const std::vector<TemplateMessage>& messages,
+namespace {
+
+// T105-128: the calls of one assistant turn. `content` is the turn's content after the
+// reasoning split (T96): the first call is set off by a blank line only when it is non-blank.
+void render_tool_calls(std::string& out, const ChatMessage& m, const std::string& content,
+                       size_t index) {
+  // T105: an empty list renders nothing.
+  for (size_t j = 0; j < m.tool_calls.size(); ++j) {
+    const ChatToolCall& call = m.tool_calls[j];
+    // T107-108: the template reads `function.name` / `function.arguments`.
+    if (j == 0) {
+      out += python_strip(content).empty() ? "<tool_call>\n<function="
+                                           : "\n\n<tool_call>\n<function=";  // T110-115
+    } else {
+      out += "\n<tool_call>\n<function=";  // T117
+    }
+    out += call.name;
+    out += ">\n";
+    // T119-126: `arguments|items` raises on anything but a mapping (Jinja2's do_items).
+    if (!call.arguments.is_object()) {
+      template_error("Can only get item pairs from a mapping.",
+                     "messages[" + std::to_string(index) + "].tool_calls[" + std::to_string(j) +
+                         "].function.arguments is " + describe_json(call.arguments) +
+                         ", expected an object");
+    }
+    for (const auto& [name, value] : call.arguments.items()) {
+      out += "<parameter=";
+      out += name;
+      out += ">\n";
+      // T122: strings raw (`| string`), everything else `| tojson`.
+      if (value.is_string()) {
+        out += value.get_ref<const std::string&>();
+      } else {
+        append_python_json(out, value);
+      }
+      out += "\n</parameter>\n";
+    }
+    out += "</function>\n</tool_call>";  // T127
+  }
+}
+
+}  // namespace
+
+std::string render_chat_template(const std::vector<ChatMessage>& messages,
+                                 const std::vector<OrderedJson>& tools,
                                  const ChatTemplateOptions& options) {
   // T42-44: `if not messages` raises.
   if (messages.empty()) template_error("No messages provided.", "the message list is empty");
   std::string out;
-  // T45-66: no tools, so only the else branch (T61-66) can run: a leading system message is
-  // rendered (trimmed) before everything else. T3-41: a string content renders as itself.
-  if (messages[0].role == ChatRole::system) {
+  // T3-41: a string content renders as itself (array contents arrive here concatenated).
+  if (!tools.empty()) {
+    // T45-60: a non-empty tools list opens the system turn with the tools, one `tojson` per
+    // line, the calling instructions, then a leading system message's trimmed content after a
+    // blank line (nothing when it trims to empty).
+    out += "<|im_start|>system\n";
+    out += kToolsHeader;
+    for (const OrderedJson& tool : tools) {
+      out += "\n";
+      append_python_json(out, tool);
+    }
+    out += "\n</tools>";
+    out += kToolsInstructions;
+    if (messages[0].role == ChatRole::system) {
+      const std::string content = python_strip(messages[0].content);
+      if (!content.empty()) {
+        out += "\n\n";
+        out += content;
+      }
+    }
+    out += "<|im_end|>\n";
+  } else if (messages[0].role == ChatRole::system) {
+    // T61-66: without tools, a leading system message is rendered (trimmed) on its own.
     out += "<|im_start|>system\n";
     out += python_strip(messages[0].content);
     out += "<|im_end|>\n";
   }
   // T67-77: walking backwards, the last user message whose trimmed content is not wrapped in
-  // <tool_response>…</tool_response> is the last query; with none, the template raises (T78-80).
+  // <tool_response>…</tool_response> is the last query (tool messages never are); with none,
+  // the template raises (T78-80).
   bool multi_step_tool = true;
   size_t last_query_index = messages.size() - 1;
   size_t user_messages = 0;
@@ -247,7 +341,7 @@ std::string render_chat_template(const std::vector<TemplateMessage>& messages,
   }
   // T81-146: the messages in order.
   for (size_t i = 0; i < messages.size(); ++i) {
-    const TemplateMessage& m = messages[i];
+    const ChatMessage& m = messages[i];
     std::string content = python_strip(m.content);  // T82
     switch (m.role) {
       case ChatRole::system:
@@ -276,9 +370,9 @@ std::string render_chat_template(const std::vector<TemplateMessage>& messages,
           content = std::string(lstrip_char(split_last(c, kThinkClose), '\n'));
         }
         reasoning = python_strip(reasoning);
-        // T100-104: turns after the last query keep a think block; earlier ones are bare
-        // (preserve_thinking is undefined).
-        if (i > last_query_index) {
+        // T100-104: turns after the last query, or every turn with preserve_thinking, keep a
+        // think block; the others are bare.
+        if (options.preserve_thinking || i > last_query_index) {
           out += "<|im_start|>assistant\n<think>\n";
           out += reasoning;
           out += "\n</think>\n\n";
@@ -287,23 +381,49 @@ std::string render_chat_template(const std::vector<TemplateMessage>& messages,
           out += "<|im_start|>assistant\n";
           out += content;
         }
-        // T105-129 (tool_calls) cannot run: messages have no tool_calls field.
-        out += "<|im_end|>\n";  // T130
+        render_tool_calls(out, m, content, i);  // T105-129
+        out += "<|im_end|>\n";                  // T130
         break;
       }
+      case ChatRole::tool:
+        // T131-142: consecutive tool messages share one user turn. `loop.previtem` is
+        // undefined for the first message, so a leading tool message opens no turn.
+        if (i > 0 && messages[i - 1].role != ChatRole::tool) out += "<|im_start|>user";
+        out += "\n<tool_response>\n";
+        out += content;
+        out += "\n</tool_response>";
+        if (i + 1 == messages.size() || messages[i + 1].role != ChatRole::tool) {
+          out += "<|im_end|>\n";
+        }
+        break;
     }
-    // T131-142 (role tool) and T143-145 (other roles) cannot run: ChatRole has no such roles.
+    // T143-145 (other roles) cannot run: ChatRole has no other roles.
   }
   // T147-154.
-  if (options.add_generation_prompt) {
-    out += "<|im_start|>assistant\n";
-    out += options.enable_thinking ? "<think>\n" : "<think>\n\n</think>\n\n";
-  }
+  if (options.add_generation_prompt) out += chat_generation_prompt(options.enable_thinking);
   return out;
 }
 
-std::string render_chat(const std::vector<ChatMessage>& messages) {
-  return render_chat_template(nothink_history_rewrite(messages), ChatTemplateOptions{});
+std::string render_chat_template(const std::vector<ChatMessage>& messages,
+                                 const ChatTemplateOptions& options) {
+  return render_chat_template(messages, {}, options);
+}
+
+std::string_view chat_generation_prompt(bool enable_thinking) {
+  // T148-153: `enable_thinking is defined and enable_thinking is false` closes an empty block.
+  return enable_thinking ? "<|im_start|>assistant\n<think>\n"
+                         : "<|im_start|>assistant\n<think>\n\n</think>\n\n";
+}
+
+std::string render_chat(const std::vector<ChatMessage>& messages,
+                        const std::vector<OrderedJson>& tools, const ChatPromptOptions& options) {
+  const ChatTemplateOptions template_options{.add_generation_prompt = true,
+                                             .enable_thinking = options.enable_thinking,
+                                             .preserve_thinking = options.preserve_thinking};
+  // Thinking enabled: the checkpoint's own rendering. Disabled: Lily's rewrite first, so that
+  // every earlier turn carries the empty block its generation prompt ended with.
+  if (options.enable_thinking) return render_chat_template(messages, tools, template_options);
+  return render_chat_template(nothink_history_rewrite(messages), tools, template_options);
 }
 
 }  // namespace lily

@@ -1,4 +1,4 @@
-// Tests for `lily render-chat`: one answer line per input line, error lines, exit codes.
+// Tests for `lily render-chat`: answer per line (array and object lines), errors, exit codes.
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
@@ -105,13 +105,65 @@ TEST(RenderChatCli, OneAnswerPerLineAndErrorsDoNotStopProcessing) {
   EXPECT_EQ(error_text(run.lines[6]), "line 7: duplicate key \"content\"");
   EXPECT_EQ(error_text(run.lines[7]).rfind("line 8: not valid JSON: ", 0), 0u);
   EXPECT_EQ(error_text(run.lines[8]), "line 9: JSON nesting deeper than 16 levels");
-  EXPECT_NE(error_text(run.lines[9]).find("messages must be a JSON array"), std::string::npos);
+  // An object line is an OpenAI-shaped conversation: without "messages" it is refused.
+  EXPECT_EQ(error_text(run.lines[9]).rfind("missing field \"messages\"", 0), 0u) << run.lines[9];
   EXPECT_EQ(parse(run.lines[10]).get<std::string>(),
             "<|im_start|>user\ncrlf<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
   // The last line has no '\n' and still gets an answer; a trailing assistant turn renders.
   EXPECT_EQ(parse(run.lines[11]).get<std::string>(),
             "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\na"
             "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
+}
+
+TEST(RenderChatCli, ObjectLinesCarryToolsAndTemplateKwargs) {
+  const std::string input =
+      // Tools, a call with its arguments as a JSON string, a tool result last.
+      R"({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"b": 1.0, "a": []}}}],)"
+      R"( "messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": null,)"
+      R"( "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f",)"
+      R"( "arguments": "{\"z\": 2.50, \"y\": \"s\"}"}}]}, {"role": "tool", "content": "r"}]})"
+      "\n"
+      // Thinking on: no rewrite, the open think block.
+      R"({"messages": [{"role": "user", "content": "q"}], "chat_template_kwargs": {"enable_thinking": true}})"
+      "\n"
+      // OpenAI-shape errors name the field.
+      R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]})"
+      "\n"
+      R"({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{"}}]}]})"
+      "\n"
+      R"({"messages": [{"role": "tool", "content": "r"}]})"
+      "\n"
+      R"({"messages": [{"role": "user", "content": "q"}], "chat_template_kwargs": {"enable_thinking": 1}})"
+      "\n";
+  const CliRun run = render_chat(input);
+  EXPECT_EQ(run.exit_code, 0);
+  EXPECT_EQ(run.stderr_text, "");
+  ASSERT_EQ(run.lines.size(), 6u) << run.stdout_text;
+  const std::string first = parse(run.lines[0]).get<std::string>();
+  EXPECT_EQ(first.rfind("<|im_start|>system\n# Tools\n\nYou have access to the following "
+                        "functions:\n\n<tools>\n{\"type\": \"function\", \"function\": "
+                        "{\"name\": \"f\", \"parameters\": {\"b\": 1.0, \"a\": []}}}\n</tools>",
+                        0),
+            0u)
+      << first;
+  const std::string tail =
+      "</IMPORTANT><|im_end|>\n<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n\n"
+      "</think>\n\n<tool_call>\n<function=f>\n<parameter=z>\n2.5\n</parameter>\n<parameter=y>\n"
+      "s\n</parameter>\n</function>\n</tool_call><|im_end|>\n<|im_start|>user\n<tool_response>\n"
+      "r\n</tool_response><|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n";
+  ASSERT_GE(first.size(), tail.size());
+  EXPECT_EQ(first.substr(first.size() - tail.size()), tail);
+  EXPECT_EQ(parse(run.lines[1]).get<std::string>(),
+            "<|im_start|>user\nq<|im_end|>\n<|im_start|>assistant\n<think>\n");
+  EXPECT_EQ(error_text(run.lines[2]), "messages[0].content[0]: image inputs are not supported");
+  EXPECT_EQ(error_text(run.lines[3])
+                .rfind("messages[0].tool_calls[0].function.arguments: not valid JSON: ", 0),
+            0u)
+      << run.lines[3];
+  EXPECT_EQ(error_text(run.lines[4]),
+            "chat template: No user query found in messages. (no message has role user)");
+  EXPECT_EQ(error_text(run.lines[5]),
+            "chat_template_kwargs.enable_thinking must be true, false or null, found number 1");
 }
 
 TEST(RenderChatCli, UnicodeIsWrittenAsUtf8) {
