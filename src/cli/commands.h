@@ -11,6 +11,7 @@ int cmd_make_checkpoint(const std::vector<std::string>& args);
 int cmd_tokenize(const std::vector<std::string>& args);
 int cmd_run(const std::vector<std::string>& args);
 int cmd_render_chat(const std::vector<std::string>& args);
+int cmd_parse_output(const std::vector<std::string>& args);
 int cmd_serve(const std::vector<std::string>& args);
 int cmd_bench(const std::vector<std::string>& args);
 

@@ -29,6 +29,8 @@ constexpr Command kCommands[] = {
     {"bench", lily::cmd_bench,
      "--model DIR --prompt-len N [--decode-steps 64] --json-out FILE   the measurement contract"},
     {"render-chat", lily::cmd_render_chat, "< messages.jsonl   one rendered prompt per line"},
+    {"parse-output", lily::cmd_parse_output,
+     "[--tools FILE] [--thinking] [--deltas] < texts.jsonl   generated text -> assistant message"},
 };
 
 void print_usage(FILE* out) {

@@ -1,0 +1,157 @@
+// `lily parse-output` end to end: messages and deltas in OpenAI's shape, error lines, exit codes.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "core/strict_json.h"
+
+namespace lily {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int exit_code;
+  std::vector<std::string> lines;  // stdout
+  std::string err;
+};
+
+fs::path work_dir() {
+  // Created once per test process and removed when it exits.
+  struct WorkDir {
+    fs::path path;
+    WorkDir() : path(fs::temp_directory_path() / ("lily_cli_parse_output_" + std::to_string(::getpid()))) {
+      fs::create_directories(path);
+      std::ofstream(path / "tools.json") << R"([{"type": "function", "function": {"name": "get_weather",
+          "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}])";
+      std::ofstream(path / "bad_tools.json") << R"([{"type": "function", "function": {"name": "a b"}}])";
+    }
+    ~WorkDir() {
+      std::error_code ignored;
+      fs::remove_all(path, ignored);
+    }
+  };
+  static const WorkDir dir;
+  return dir.path;
+}
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::ostringstream out;
+  out << in.rdbuf();
+  return out.str();
+}
+
+CliRun lily_parse_output(const std::string& args, const std::string& input) {
+  const fs::path dir = work_dir();
+  std::ofstream(dir / "in.txt", std::ios::binary) << input;
+  const std::string command = std::string(LILY_BINARY) + " parse-output " + args + " < " + (dir / "in.txt").string() +
+                              " > " + (dir / "out.txt").string() + " 2> " + (dir / "err.txt").string();
+  const int status = std::system(command.c_str());
+  CliRun run{WIFEXITED(status) ? WEXITSTATUS(status) : -1, {}, slurp(dir / "err.txt")};
+  std::istringstream out(slurp(dir / "out.txt"));
+  for (std::string line; std::getline(out, line);) run.lines.push_back(line);
+  return run;
+}
+
+std::string tools_arg() { return "--tools " + (work_dir() / "tools.json").string(); }
+
+// Replaces each random call id (checked against its format) with "ID".
+std::string without_ids(const std::string& line) {
+  static const std::regex id("\"call_[A-Za-z0-9]{24}\"");
+  return std::regex_replace(line, id, "\"ID\"");
+}
+
+// A JSON string line for `text`.
+std::string line(const std::string& text) { return Json(text).dump() + "\n"; }
+
+const std::string kCall =
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
+    "</function>\n</tool_call>";
+
+TEST(CliParseOutput, Messages) {
+  const CliRun run = lily_parse_output(tools_arg(), line("Hello") + line("Let me check.\n\n" + kCall) + line(kCall) +
+                                                        line("a</think>b"));
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  ASSERT_EQ(run.lines.size(), 4u);
+  EXPECT_EQ(run.lines[0], R"({"role":"assistant","content":"Hello"})");
+  EXPECT_EQ(without_ids(run.lines[1]),
+            R"({"role":"assistant","content":"Let me check.","tool_calls":[{"id":"ID","type":"function",)"
+            R"("function":{"name":"get_weather","arguments":"{\"city\": \"Paris\", \"days\": 3}"}}]})");
+  EXPECT_EQ(without_ids(run.lines[2]),
+            R"({"role":"assistant","content":null,"tool_calls":[{"id":"ID","type":"function",)"
+            R"("function":{"name":"get_weather","arguments":"{\"city\": \"Paris\", \"days\": 3}"}}]})");
+  EXPECT_EQ(run.lines[3], R"({"role":"assistant","content":"a</think>b"})");  // thinking off
+}
+
+TEST(CliParseOutput, ThinkingAndNoTools) {
+  const CliRun run = lily_parse_output("--thinking", line("Hmm.\n</think>\n\nHi") + line("cut off") + line(kCall));
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  ASSERT_EQ(run.lines.size(), 3u);
+  EXPECT_EQ(run.lines[0], R"({"role":"assistant","content":"Hi","reasoning_content":"Hmm."})");
+  EXPECT_EQ(run.lines[1], R"({"role":"assistant","content":"","reasoning_content":"cut off"})");
+  // Without --tools the markup is text.
+  EXPECT_EQ(run.lines[2], R"({"role":"assistant","content":"","reasoning_content":)" + Json(kCall).dump() + "}");
+}
+
+TEST(CliParseOutput, Deltas) {
+  const CliRun run = lily_parse_output(tools_arg() + " --thinking --deltas",
+                                       line("ab\n</think>\n\nOK \xC3\xA9<tool_call>\n<function=get_weather>\n"
+                                            "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n"
+                                            "</function>\n</tool_call>"));
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  ASSERT_EQ(run.lines.size(), 1u);
+  // One code point at a time: "ab" in two pieces, the held "\n" dropped at </think>, "OK"
+  // in two, then " \u00e9" together (the space was held back), then the call once complete.
+  EXPECT_EQ(without_ids(run.lines[0]),
+            "[{\"reasoning_content\":\"a\"},{\"reasoning_content\":\"b\"},{\"content\":\"O\"},{\"content\":\"K\"},"
+            "{\"content\":\" \xC3\xA9\"},"
+            R"({"tool_calls":[{"index":0,"id":"ID","type":"function","function":{"name":"get_weather","arguments":""}}]},)"
+            R"({"tool_calls":[{"index":0,"function":{"arguments":"{\"city\": \"Paris\""}}]},)"
+            R"({"tool_calls":[{"index":0,"function":{"arguments":", \"days\": 3"}}]},)"
+            R"({"tool_calls":[{"index":0,"function":{"arguments":"}"}}]}])");
+}
+
+TEST(CliParseOutput, BadLinesGiveErrorLinesAndGoOn) {
+  const CliRun run = lily_parse_output(tools_arg(), "5\nnot json\n\"ok\"\n\n[\"x\"]\n\"after\"");
+  EXPECT_EQ(run.exit_code, 0) << run.err;
+  ASSERT_EQ(run.lines.size(), 6u);
+  EXPECT_EQ(run.lines[0], R"({"error":"line 1 is number 5, expected a JSON string"})");
+  EXPECT_EQ(run.lines[1].rfind(R"({"error":"line 2: not valid JSON)", 0), 0u) << run.lines[1];
+  EXPECT_EQ(run.lines[2], R"({"role":"assistant","content":"ok"})");
+  EXPECT_EQ(run.lines[3].rfind(R"({"error":"line 4: not valid JSON)", 0), 0u) << run.lines[3];
+  EXPECT_EQ(run.lines[4].rfind(R"({"error":"line 5 is array)", 0), 0u) << run.lines[4];
+  EXPECT_EQ(run.lines[5], R"({"role":"assistant","content":"after"})");
+}
+
+TEST(CliParseOutput, UsageErrors) {
+  const CliRun bad_tools = lily_parse_output("--tools " + (work_dir() / "bad_tools.json").string(), line("x"));
+  EXPECT_EQ(bad_tools.exit_code, 2);
+  EXPECT_TRUE(bad_tools.lines.empty());
+  EXPECT_NE(bad_tools.err.find("tools[0].function.name: string \"a b\" holds whitespace"), std::string::npos)
+      << bad_tools.err;
+  const CliRun missing = lily_parse_output("--tools /nonexistent/tools.json", "");
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.err.find("error: --tools /nonexistent/tools.json: not a readable regular file"), std::string::npos)
+      << missing.err;
+  const CliRun not_json = lily_parse_output("--tools " + (work_dir() / "in.txt").string(), "");
+  EXPECT_EQ(not_json.exit_code, 2);
+  EXPECT_NE(not_json.err.find("not valid JSON"), std::string::npos) << not_json.err;
+  EXPECT_EQ(lily_parse_output("--bogus", "").exit_code, 2);
+  EXPECT_EQ(lily_parse_output("--tools", "").exit_code, 2);
+}
+
+TEST(CliParseOutput, EmptyInputIsFine) {
+  const CliRun run = lily_parse_output("", "");
+  EXPECT_EQ(run.exit_code, 0);
+  EXPECT_TRUE(run.lines.empty());
+}
+
+}  // namespace
+}  // namespace lily
