@@ -29,7 +29,7 @@ LoadProgressFn upload_progress() {
 }
 
 BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uint64_t max_seq,
-                             int states) {
+                             int states, uint64_t extra_bytes) {
   const std::string device = args.get("device").value_or("auto");
   if (device != "auto" && device != "cpu" && device != "cuda") {
     throw InputError("--device is \"" + device + "\", expected auto, cpu or cuda");
@@ -43,7 +43,7 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
   }
   const uint64_t required = checkpoint.stats.weight_bytes +
                             static_cast<uint64_t>(states) * DecodeState::bytes(checkpoint.config.shape, static_cast<int64_t>(max_seq)) +
-                            kCudaHeadroom;
+                            extra_bytes + kCudaHeadroom;
   if (device == "cuda") {
     if (args.has("threads")) throw InputError("--threads applies to the CPU backend, not --device cuda");
     try {

@@ -18,9 +18,10 @@ struct BackendChoice {
 // --device auto (default): CUDA when a usable device (compute capability >= 8.0, enough
 // free memory) is present, else the CPU, and says which on stderr. --device cuda: CUDA or a
 // clear error. --device cpu: the CPU with --threads. `states` is how many DecodeStates of
-// `max_seq` tokens the command will allocate (for the memory check).
+// `max_seq` tokens the command will allocate, `extra_bytes` what else it allocates in backend
+// memory (the session cache's snapshots), for the memory check.
 BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uint64_t max_seq,
-                             int states);
+                             int states, uint64_t extra_bytes = 0);
 
 // Prepare-time progress for a device upload: a bar on a terminal, plain lines otherwise.
 LoadProgressFn upload_progress();

@@ -22,6 +22,7 @@
 #include "engine/engine.h"
 #include "engine/session_cache.h"
 #include "model/qwen36_model.h"
+#include "model/state_snapshot.h"
 #include "server/api_handler.h"
 #include "server/auth.h"
 #include "server/http_server.h"
@@ -94,6 +95,9 @@ int cmd_serve(const std::vector<std::string>& argv) {
       {"presence-penalty", true, "default presence_penalty, [-2, 2]"},
       {"frequency-penalty", true, "default frequency_penalty, [-2, 2]"},
       {"repetition-penalty", true, "default repetition_penalty, (0, 2]"},
+      {"cache-snapshots", true,
+       "session-cache snapshots kept in all, at message boundaries (default 8, 0 with --strict; "
+       "0: strict-prefix reuse only; about 63 MiB each for the full model)"},
   };
   const Args args(argv, spec);
   check_device_option(args);
@@ -111,6 +115,14 @@ int cmd_serve(const std::vector<std::string>& argv) {
   const bool demo = !model_dir.has_value();
 
   const bool strict = args.has("strict");
+  // --strict passes no snapshot points (Lily's strict-prefix reuse), so it keeps none.
+  if (strict && args.has("cache-snapshots") && args.uint_or("cache-snapshots", 0, 0, 64) != 0) {
+    throw InputError("--cache-snapshots has no effect with --strict (Lily's strict-prefix cache "
+                     "takes no snapshots); leave it out or pass 0");
+  }
+  const auto cache_snapshots = static_cast<size_t>(args.uint_or(
+      "cache-snapshots",
+      strict ? 0 : SessionCache::kDefaultEntries * SessionCache::kDefaultSnapshotsPerEntry, 0, 64));
   const std::string defaults_source = args.get("sampling-defaults").value_or("greedy");
   if (defaults_source != "greedy" && defaults_source != "checkpoint") {
     throw InputError("--sampling-defaults must be greedy or checkpoint, found \"" +
@@ -202,7 +214,9 @@ int cmd_serve(const std::vector<std::string>& argv) {
   }
   const uint64_t max_seq = clamp_max_seq(cli_max_seq, checkpoint->config.shape.max_position_embeddings);
   // The session cache holds two states; one more is the headroom of the memory check.
-  BackendChoice choice = choose_backend(args, *checkpoint, max_seq, 3);
+  const uint64_t snapshot_bytes = StateSnapshot::bytes(checkpoint->config.shape);
+  BackendChoice choice =
+      choose_backend(args, *checkpoint, max_seq, 3, cache_snapshots * snapshot_bytes);
   const std::unique_ptr<Backend> backend = std::move(choice.backend);
   Qwen36Model model(*checkpoint, *backend, choice.chunk, upload_progress());
   const Tokenizer tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");
@@ -223,7 +237,16 @@ int cmd_serve(const std::vector<std::string>& argv) {
                                     tokenizer_config_path)) {
     serving.stop_tokens.insert(static_cast<int32_t>(id));
   }
-  SessionCache cache(*backend, checkpoint->config.shape, static_cast<int64_t>(max_seq));
+  SessionCache cache(*backend, checkpoint->config.shape, static_cast<int64_t>(max_seq),
+                     SessionCache::kDefaultEntries, cache_snapshots);
+  constexpr double kMiB = 1024.0 * 1024.0;
+  std::fprintf(stderr,
+               "session cache: %zu states of %.1f MiB, %zu snapshots of %.1f MiB "
+               "(--cache-snapshots)\n",
+               SessionCache::kDefaultEntries,
+               static_cast<double>(DecodeState::bytes(checkpoint->config.shape,
+                                                      static_cast<int64_t>(max_seq))) / kMiB,
+               cache_snapshots, static_cast<double>(snapshot_bytes) / kMiB);
   Engine engine(model, cache, queue, &tokenizer);
   serving.tokenizer = &tokenizer;
   serving.engine = &engine;

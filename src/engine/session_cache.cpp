@@ -1,4 +1,4 @@
-// Session prefix cache (lily-reference §7): strict-prefix and snapshot lookup, key preference, LRU, leases.
+// Session prefix cache (lily-reference §7): prefix and snapshot lookup, keys, LRU, leases.
 #include "engine/session_cache.h"
 
 #include <algorithm>
@@ -84,7 +84,9 @@ SessionLease SessionCache::acquire(std::span<const int32_t> prompt,
       }
     };
     for (Slot& slot : slots_) {
-      if (slot.cached && strict_prefix(slot.tokens, prompt)) consider(slot, slot.tokens.size(), nullptr);
+      if (slot.cached && strict_prefix(slot.tokens, prompt)) {
+        consider(slot, slot.tokens.size(), nullptr);
+      }
     }
     for (Snapshot& snapshot : snapshots_) {
       if (snapshot.slot == kNoSlot) continue;

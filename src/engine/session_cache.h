@@ -1,4 +1,4 @@
-// Session prefix cache (lily-reference §7): DecodeStates reused on a strict token prefix or a snapshot.
+// Session prefix cache (lily-reference §7): DecodeStates reused on a strict prefix or a snapshot.
 #pragma once
 
 #include <cstddef>
@@ -65,7 +65,8 @@ class SessionLease {
 // none when entries is 0); nothing is allocated afterwards except token vectors. Thread-safe.
 //
 //   SessionLease lease = cache.acquire(prompt, key);
-//   options.snapshot_at = points;  options.on_snapshot = [&](DecodeState&) { cache.snapshot(lease); };
+//   options.snapshot_at = points;
+//   options.on_snapshot = [&](DecodeState&) { cache.snapshot(lease); };
 //   GenerationResult r = generate(model, lease.state(), prompt.subspan(lease.cached_tokens()), opts);
 //   cache.release(lease, SessionCache::consumed_tokens(prompt, r));   // or cache.drop(lease) on error
 //
@@ -75,8 +76,8 @@ class SessionLease {
 // taken during that prefill restores it (the KV rows below it are still this history's).
 class SessionCache {
  public:
-  static constexpr size_t kDefaultEntries = 2;  // SESSION_CACHE_ENTRIES
-  static constexpr size_t kDefaultSnapshotsPerEntry = 4;  // lily serve's --cache-snapshots default
+  static constexpr size_t kDefaultEntries = 2;            // SESSION_CACHE_ENTRIES
+  static constexpr size_t kDefaultSnapshotsPerEntry = 4;  // x entries: --cache-snapshots default
 
   // `entries` = how many states stay warm between requests. 0 keeps nothing (every request
   // misses) but still owns one working state. `snapshots` = snapshots kept in total across the
@@ -138,7 +139,7 @@ class SessionCache {
   static constexpr size_t kNoSlot = static_cast<size_t>(-1);
   struct Snapshot {
     std::unique_ptr<StateSnapshot> data;
-    size_t slot = kNoSlot;  // the slot whose state it was taken from; kNoSlot: free
+    size_t slot = kNoSlot;   // the slot whose state it was taken from; kNoSlot: free
     uint64_t last_used = 0;  // clock when taken or last restored
   };
   struct Slot {

@@ -1,4 +1,4 @@
-// A snapshot of a DecodeState's recurrent part (GDN conv windows and recurrent states) at one position.
+// StateSnapshot: a DecodeState's GDN conv windows and recurrent states at one position.
 #include "model/state_snapshot.h"
 
 #include <algorithm>
@@ -52,19 +52,17 @@ StateSnapshot::StateSnapshot(Backend& backend, const ModelShape& shape)
 
 void StateSnapshot::check_layout(const DecodeState& state, const char* what) const {
   for (const Layer& layer : layers_) {
-    const bool fits = layer.layer < state.delta_net.size() &&
-                      layer.layer < state.kinds.size() &&
-                      state.kinds[layer.layer] == LayerKind::linear_attention &&
-                      buffer_floats(state, state.delta_net[layer.layer].conv_window) ==
-                          window_floats_ &&
-                      buffer_floats(state, state.delta_net[layer.layer].recurrent) ==
-                          recurrent_floats_;
+    const bool fits =
+        layer.layer < state.delta_net.size() && layer.layer < state.kinds.size() &&
+        state.kinds[layer.layer] == LayerKind::linear_attention &&
+        buffer_floats(state, state.delta_net[layer.layer].conv_window) == window_floats_ &&
+        buffer_floats(state, state.delta_net[layer.layer].recurrent) == recurrent_floats_;
     if (!fits) {
-      throw std::invalid_argument(std::string(what) + ": the state's Gated DeltaNet layer " +
-                                  std::to_string(layer.layer) +
-                                  " does not match the snapshot's shape (expected a conv window of " +
-                                  std::to_string(window_floats_) + " and a recurrent state of " +
-                                  std::to_string(recurrent_floats_) + " floats)");
+      throw std::invalid_argument(
+          std::string(what) + ": the state's Gated DeltaNet layer " + std::to_string(layer.layer) +
+          " does not match the snapshot's shape (expected a conv window of " +
+          std::to_string(window_floats_) + " and a recurrent state of " +
+          std::to_string(recurrent_floats_) + " floats)");
     }
   }
 }

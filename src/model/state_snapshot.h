@@ -1,4 +1,4 @@
-// A snapshot of a DecodeState's recurrent part (GDN conv windows and recurrent states) at one position.
+// StateSnapshot: a DecodeState's GDN conv windows and recurrent states at one position.
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// Session prefix cache: strict-prefix and snapshot hits, key steering, LRU, leases, fed accounting, reuse == fresh.
+// Session prefix cache: strict-prefix and snapshot hits, keys, LRU, leases, fed accounting, reuse.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -412,8 +412,8 @@ TEST(SessionCacheSnapshots, TheSamePromptAgainHitsItsSnapshot) {
   EXPECT_EQ(again.cached_tokens(), 11);
   EXPECT_TRUE(again.from_snapshot());
   options.on_snapshot = nullptr;
-  const GenerationResult second = generate(tiny().model, again.state(),
-                                           std::span<const int32_t>(prompt).subspan(11), options);
+  const GenerationResult second =
+      generate(tiny().model, again.state(), std::span<const int32_t>(prompt).subspan(11), options);
   EXPECT_EQ(second.tokens, first.tokens);
 }
 
@@ -423,7 +423,8 @@ TEST(SessionCacheSnapshots, TheLongestReuseWinsAndAStrictPrefixWinsTies) {
     // Entry tokens extended by the prompt (20 reused) beat its own snapshot at 12.
     auto cache = make_snapshot_cache(2, 4);
     serve_points(*cache, concat(base, tokens(4, 122)), {12});
-    const Served hit = serve_points(*cache, concat(concat(base, tokens(4, 122)), tokens(2, 123)), {});
+    const Served hit =
+        serve_points(*cache, concat(concat(base, tokens(4, 122)), tokens(2, 123)), {});
     EXPECT_EQ(hit.cached, 20);
     EXPECT_FALSE(hit.from_snapshot);
   }

@@ -1,4 +1,4 @@
-// StateSnapshot (restore == a fresh prefill to the same position) and the generator's prefill stops at snapshot points.
+// StateSnapshot: restore == a fresh prefill to the same position; prefill stops at snapshot points.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,8 +21,12 @@ namespace {
 
 constexpr int64_t kMaxSeq = 96;
 
-testing::TinyModel& tiny() { return testing::tiny_model(); }
-const ModelShape& shape() { return tiny().checkpoint.config.shape; }
+testing::TinyModel& tiny() {
+  return testing::tiny_model();
+}
+const ModelShape& shape() {
+  return tiny().checkpoint.config.shape;
+}
 
 // `n` deterministic token ids from `seed` (below the tiny vocabulary of 4096).
 std::vector<int32_t> tokens(size_t n, uint32_t seed) {
@@ -125,8 +129,8 @@ TEST(StateSnapshot, RestoredStateGivesTheLogitsOfAFreshPrefill) {
   for (size_t i = 0; i < a.size(); ++i) {
     const bool kv = a[i].size() == static_cast<size_t>(kMaxSeq) * row;
     const size_t used = kv ? static_cast<size_t>(state.position) * row : a[i].size();
-    EXPECT_TRUE(std::equal(a[i].begin(), a[i].begin() + static_cast<std::ptrdiff_t>(used),
-                           b[i].begin()))
+    EXPECT_TRUE(
+        std::equal(a[i].begin(), a[i].begin() + static_cast<std::ptrdiff_t>(used), b[i].begin()))
         << "buffer " << i;
   }
 

@@ -1,4 +1,4 @@
-// Engine with snapshot points: a six-turn conversation whose turns drop the previous reasoning reuses each previous prompt and generates like a fresh engine.
+// Engine with snapshot points: a conversation that drops its reasoning reuses each previous prompt.
 #include <gtest/gtest.h>
 
 #include <memory>
@@ -14,7 +14,9 @@ namespace {
 
 constexpr int64_t kMaxSeq = 160;
 
-testing::TinyModel& tiny() { return testing::tiny_model(); }
+testing::TinyModel& tiny() {
+  return testing::tiny_model();
+}
 
 std::unique_ptr<SessionCache> make_cache(size_t snapshots) {
   return std::make_unique<SessionCache>(*tiny().backend, tiny().checkpoint.config.shape, kMaxSeq,
@@ -120,8 +122,7 @@ TEST(EngineSnapshots, WithoutSnapshotPointsEveryTurnMisses) {
 TEST(EngineSnapshots, DescendingPointsAreRefused) {
   auto cache = make_cache(8);
   Engine engine(tiny().model, *cache);
-  const EngineResult result =
-      engine.submit(request(tokens(12, 210), {8, 4})).result.get();
+  const EngineResult result = engine.submit(request(tokens(12, 210), {8, 4})).result.get();
   EXPECT_EQ(result.error, "invalid request: snapshot points must be ascending, found 4 after 8");
 }
 
