@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <mutex>
 
@@ -29,6 +30,7 @@
 #include "core/load_progress.h"
 #include "server/request_log.h"
 #include "server/sampling_config.h"
+#include "server/test_script.h"
 #include "text/stop_tokens.h"
 #include "text/tokenizer.h"
 
@@ -98,6 +100,13 @@ int cmd_serve(const std::vector<std::string>& argv) {
       {"cache-snapshots", true,
        "session-cache snapshots kept in all, at message boundaries (default 8, 0 with --strict; "
        "0: strict-prefix reuse only; about 63 MiB each for the full model)"},
+      {"thinking", true,
+       "off (default) or on: whether a request that does not choose thinks first (openai mode)"},
+      {"reasoning-budget", true,
+       "reasoning tokens a thinking request may use before </think> is forced (default: no "
+       "limit; a request's reasoning_budget overrides it)"},
+      {"test-script", true,
+       "TEST ONLY: a JSON file of rules forcing scripted answers (docs/server.md)"},
   };
   const Args args(argv, spec);
   check_device_option(args);
@@ -148,6 +157,23 @@ int cmd_serve(const std::vector<std::string>& argv) {
   if (strict && (flag_defaults.any() || defaults_source != "greedy")) {
     throw InputError("--strict decodes greedily (Lily's contract); it cannot be combined with "
                      "--sampling-defaults checkpoint or a sampling flag");
+  }
+  const std::string thinking_flag = args.get("thinking").value_or("off");
+  if (thinking_flag != "off" && thinking_flag != "on") {
+    throw InputError("--thinking must be off or on, found \"" + thinking_flag + "\"");
+  }
+  if (strict && (thinking_flag == "on" || args.has("reasoning-budget") ||
+                 args.has("test-script"))) {
+    throw InputError("--strict is Lily's contract (thinking off); it cannot be combined with "
+                     "--thinking on, --reasoning-budget or --test-script");
+  }
+  const int64_t reasoning_budget =
+      args.has("reasoning-budget")
+          ? static_cast<int64_t>(args.uint_or("reasoning-budget", 0, 0, uint64_t{1} << 40))
+          : -1;
+  std::vector<TestScriptRule> test_script;
+  if (const std::optional<std::string> path = args.get("test-script")) {
+    test_script = read_test_script(*path);
   }
 
   ApiConfig config;
@@ -233,6 +259,14 @@ int cmd_serve(const std::vector<std::string>& argv) {
   }
   ServingModel serving;
   serving.sampling_defaults = defaults;
+  serving.thinking = thinking_flag == "on";
+  serving.reasoning_budget = reasoning_budget;
+  const bool serving_test_script_empty = test_script.empty();
+  serving.test_script = std::move(test_script);
+  // A thinking request that chooses no sampling samples as the checkpoint recommends.
+  if (std::filesystem::exists(dir + "/generation_config.json")) {
+    serving.thinking_sampling = read_generation_config(dir + "/generation_config.json");
+  }
   for (uint32_t id : stop_token_ids(tokenizer, tokenizer_config, checkpoint->config.eos_token_ids,
                                     tokenizer_config_path)) {
     serving.stop_tokens.insert(static_cast<int32_t>(id));
@@ -254,11 +288,15 @@ int cmd_serve(const std::vector<std::string>& argv) {
   handler.set_ready(std::move(serving));
   std::fprintf(stderr,
                "serving %s on %s (%s backend, %d threads, max_seq %llu, queue %llu, %s API, "
-               "sampling defaults: %s)\n",
+               "sampling defaults: %s, thinking %s)\n",
                std::string(kServedModelId).c_str(), url.c_str(), backend->name().c_str(),
                backend->threads(), static_cast<unsigned long long>(max_seq),
                static_cast<unsigned long long>(queue), strict ? "strict" : "openai",
-               defaults.describe().c_str());
+               defaults.describe().c_str(), thinking_flag.c_str());
+  if (!serving_test_script_empty) {
+    std::fputs("TEST SCRIPT ACTIVE: matching requests get scripted answers (--test-script)\n",
+               stderr);
+  }
   if (demo) std::fputs(demo_banner(dir).c_str(), stderr);
 
   stop.wait();

@@ -182,6 +182,7 @@ EngineResult Engine::run(const EngineRequest& request) {
     options.cancel_prefill = [&request] { return is_cancelled(request); };
     options.snapshot_at = request.snapshot_points;
     options.on_snapshot = [this, &lease](DecodeState&) { cache_.snapshot(lease); };
+    options.take_forced = [&sequence] { return sequence.take_forced(); };
     const int64_t cached = lease.cached_tokens();
     GenerationResult generated = generate(
         model_, lease.state(), prompt.subspan(static_cast<size_t>(cached)), options);
@@ -193,6 +194,7 @@ EngineResult Engine::run(const EngineRequest& request) {
     result.tokens = std::move(generated.tokens);
     result.finish_reason = std::move(generated.finish_reason);
     result.text = sequence.text();
+    result.reasoning_tokens = sequence.reasoning_tokens();
     result.prefill_seconds = generated.prefill_seconds;
     result.decode_seconds = generated.decode_seconds;
     return result;

@@ -63,6 +63,7 @@ struct EngineResult {
   int64_t prompt_tokens = 0;
   int64_t completion_tokens = 0;
   int64_t cached_tokens = 0;  // reused prefix from the session cache
+  int64_t reasoning_tokens = 0;  // of completion_tokens, inside the reasoning (thinking on)
   double prefill_seconds = 0;
   double decode_seconds = 0;
   std::string error;  // non-empty when the request failed (no other field is meaningful then)

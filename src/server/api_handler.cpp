@@ -66,8 +66,12 @@ ApiHandler::ApiHandler(ApiConfig config) : config_(std::move(config)) {}
 
 void ApiHandler::set_ready(ServingModel model) {
   model_ = std::move(model);
-  // Requests are parsed only once ready (acquire), so this write is seen by all of them.
-  if (model_.tokenizer != nullptr) config_.limits.token_id_count = model_.tokenizer->id_count();
+  // Requests are parsed only once ready (acquire), so these writes are seen by all of them.
+  if (model_.tokenizer != nullptr) {
+    config_.limits.token_id_count = model_.tokenizer->id_count();
+    const std::vector<int32_t> think_end = encode("</think>");
+    if (think_end.size() == 1) think_end_token_ = think_end[0];
+  }
   phase_.store(ServerPhase::ready, std::memory_order_release);
 }
 
@@ -144,17 +148,68 @@ uint64_t random_seed() {
   return generator();
 }
 
+// Whether the request chose anything of the token distribution (a seed alone does not).
+bool sets_sampling(const SamplingFields& f) {
+  return f.temperature || f.top_p || f.top_k || f.min_p || f.presence_penalty ||
+         f.frequency_penalty || f.repetition_penalty || !f.logit_bias.empty();
+}
+
+// The model text that opens a call (the template's format, T110-116), forced by tool_choice.
+std::string tool_call_opening(const ChatRequest& chat) {
+  std::string out = "<tool_call>\n<function=";
+  if (chat.tool_choice == ToolChoice::named) {
+    out += chat.tool_choice_name;
+    out += ">\n";
+  }
+  return out;
+}
+
 }  // namespace
 
-SequenceConfig ApiHandler::sequence_config(const ChatRequest& chat, uint64_t max_tokens) const {
+FinishReason answer_finish_reason(const std::string& engine_reason, bool has_tool_calls) {
+  if (engine_reason == "length") return FinishReason::length;
+  return has_tool_calls ? FinishReason::tool_calls : FinishReason::stop;
+}
+
+std::vector<int32_t> ApiHandler::encode(std::string_view text) const {
+  const std::vector<uint32_t> ids = model_.tokenizer->encode(std::string(text));
+  return std::vector<int32_t>(ids.begin(), ids.end());
+}
+
+SequenceConfig ApiHandler::sequence_config(const ChatRequest& chat, uint64_t max_tokens,
+                                           bool thinking) const {
   SequenceConfig config;
   config.max_tokens = static_cast<int64_t>(max_tokens);
   config.stop_tokens = model_.stop_tokens;
   config.stop_strings = chat.stop;
-  if (config_.limits.mode == ApiMode::openai) {
-    config.sampling = resolve_sampling(chat.sampling, model_.sampling_defaults, random_seed());
-  }
   config.top_logprobs = chat.logprobs ? chat.top_logprobs : -1;
+  if (config_.limits.mode != ApiMode::openai) return config;  // strict: Lily's greedy decode
+
+  // Greedy decoding loops in thinking mode: a thinking request that chooses no sampling gets
+  // the checkpoint's recommended sampling unless the server set its own defaults.
+  const bool recommended =
+      thinking && !sets_sampling(chat.sampling) && !model_.sampling_defaults.any();
+  config.sampling = resolve_sampling(
+      chat.sampling, recommended ? model_.thinking_sampling : model_.sampling_defaults,
+      random_seed());
+
+  ForcingPlan& plan = config.forcing;
+  if (thinking) {
+    plan.reasoning_end = think_end_token_;
+    plan.reasoning_budget = chat.reasoning_budget.value_or(model_.reasoning_budget);
+    // The close the template writes after a reasoning (T101): "\n</think>\n\n".
+    plan.reasoning_close = encode("\n</think>\n\n");
+  }
+  if (chat.tool_choice == ToolChoice::required || chat.tool_choice == ToolChoice::named) {
+    // Thinking: right after </think>, where the template puts "\n\n" before the answer.
+    plan.after_reasoning = encode((thinking ? "\n\n" : "") + tool_call_opening(chat));
+  }
+  if (const std::optional<std::string> scripted =
+          match_test_script(model_.test_script, chat.messages)) {
+    plan.prefix = encode(*scripted + "<|im_end|>");
+    plan.reasoning_budget = -1;
+    plan.after_reasoning.clear();
+  }
   return config;
 }
 
@@ -164,18 +219,40 @@ void ApiHandler::chat_completion(HttpRequest request, Responder respond) {
     if (phase() == ServerPhase::stopping) return respond(api_error_response(shutting_down_error()));
     if (phase() != ServerPhase::ready) return respond(api_error_response(model_loading_error()));
     const ChatRequest chat = parse_chat_request(request.body, config_.limits);
+    const ApiMode mode = config_.limits.mode;
     const std::string log_extra = ignored_log_detail(chat.ignored_fields);
-    const std::string prompt_text = render_request_prompt(chat);
-    const std::vector<uint32_t> ids = model_.tokenizer->encode(prompt_text);
+    AnswerShape shape;
+    shape.thinking = mode == ApiMode::openai && chat.thinking.value_or(model_.thinking);
+    if (shape.thinking && think_end_token_ < 0) {
+      throw ApiError(400, "thinking is not available: the tokenizer has no single </think> token",
+                     "invalid_request_error", "chat_template_kwargs.enable_thinking");
+    }
+    shape.parser.starts_in_reasoning = shape.thinking;
+    shape.parser.tool_calls = !chat.tools.empty() && chat.tool_choice != ToolChoice::none;
+    if (shape.parser.tool_calls) {
+      OrderedJson tools = OrderedJson::array();
+      for (const OrderedJson& tool : chat.tools) tools.push_back(tool);
+      shape.parser.tools = tool_specs_from_openai(tools);
+    }
+    shape.parallel_tool_calls = chat.parallel_tool_calls;
+    const std::string prompt_text = render_request_prompt(chat, shape.thinking);
+    const std::vector<int32_t> ids = encode(prompt_text);
     const uint64_t max_tokens = checked_max_tokens(ids.size(), chat.max_tokens, model_.max_seq);
 
     EngineRequest job;
-    job.prompt.assign(ids.begin(), ids.end());
-    job.sequence = sequence_config(chat, max_tokens);
+    job.prompt = ids;
+    job.sequence = sequence_config(chat, max_tokens, shape.thinking);
+    if (mode == ApiMode::openai) {
+      // Where the prompt ends before the generation prompt: the next turn's prompt shares
+      // everything up to there even when the template drops this turn's reasoning.
+      const size_t generation_prompt = encode(chat_generation_prompt(shape.thinking)).size();
+      if (ids.size() > generation_prompt) {
+        job.snapshot_points = {static_cast<int64_t>(ids.size() - generation_prompt)};
+      }
+    }
     job.prompt_cache_key = chat.prompt_cache_key;
     job.cancelled = request.client_gone ? request.client_gone
                                         : std::make_shared<std::atomic<bool>>(false);
-    const ApiMode mode = config_.limits.mode;
     const bool logprobs = chat.logprobs;
     auto shared_request = std::make_shared<HttpRequest>(std::move(request));
     shared_request->body.clear();  // not needed any more; keeps queued requests small
@@ -188,20 +265,22 @@ void ApiHandler::chat_completion(HttpRequest request, Responder respond) {
       context.model = config_.limits.model_id;
       context.include_usage = chat.include_usage;
       stream = std::make_shared<CompletionStream>(std::move(context), *model_.tokenizer, logprobs,
-                                                  shared_request->post, shared_request->received);
+                                                  shape, shared_request->post,
+                                                  shared_request->received);
       job.on_delta = [stream](SequenceDelta delta) { stream->on_delta(std::move(delta)); };
       job.on_complete = [stream, log_extra](EngineResult result) {
         stream->on_complete(std::move(result), log_extra);
       };
     } else {
       // The JSON is built on the connection's strand, not on the inference thread.
-      job.on_complete = [this, respond, shared_request, mode, logprobs,
+      job.on_complete = [this, respond, shared_request, mode, logprobs, shape,
                          log_extra](EngineResult result) {
-        auto build = [this, respond, shared_request, mode, logprobs, log_extra,
+        auto build = [this, respond, shared_request, mode, logprobs, shape, log_extra,
                       result = std::move(result)] {
           HttpResponse response;
           try {
-            response = completion_response(result, *shared_request, mode, logprobs, log_extra);
+            response =
+                completion_response(result, *shared_request, mode, logprobs, shape, log_extra);
           } catch (const std::exception& e) {
             write_log_line(std::string("request failed: building the response: ") + e.what());
             response = api_error_response(internal_error());
@@ -235,7 +314,8 @@ void ApiHandler::chat_completion(HttpRequest request, Responder respond) {
 
 HttpResponse ApiHandler::completion_response(const EngineResult& result,
                                              const HttpRequest& request, ApiMode mode,
-                                             bool logprobs, const std::string& log_extra) {
+                                             bool logprobs, const AnswerShape& shape,
+                                             const std::string& log_extra) {
   if (!result.ok()) {
     if (result.error == kShuttingDownError) return api_error_response(shutting_down_error());
     write_log_line("request failed: " + result.error);
@@ -257,9 +337,27 @@ HttpResponse ApiHandler::completion_response(const EngineResult& result,
   completion.id = ids_.next(completion.created);
   completion.model = config_.limits.model_id;
   completion.mode = mode;
-  completion.content = result.text;
-  completion.finish_reason =
-      result.finish_reason == "stop" ? FinishReason::stop : FinishReason::length;
+  if (mode == ApiMode::strict) {
+    completion.content = result.text;
+    completion.finish_reason = answer_finish_reason(result.finish_reason, false);
+  } else {
+    // The same parser as a stream's, over the whole text at once.
+    OutputParser parser(shape.parser, random_call_id);
+    parser.feed(result.text);
+    parser.finish(result.finish_reason == "length");
+    const ParsedOutput& parsed = parser.output();
+    completion.content = parsed.content;
+    for (const ParsedToolCall& call : parsed.tool_calls) {
+      if (!shape.parallel_tool_calls && !completion.tool_calls.empty()) break;
+      completion.tool_calls.push_back({call.id, call.name, call.arguments});
+    }
+    if (shape.thinking) {
+      completion.reasoning_content = parsed.reasoning;
+      completion.reasoning_tokens = static_cast<uint64_t>(result.reasoning_tokens);
+    }
+    completion.finish_reason =
+        answer_finish_reason(result.finish_reason, !completion.tool_calls.empty());
+  }
   completion.prompt_tokens = static_cast<uint64_t>(result.prompt_tokens);
   completion.completion_tokens = static_cast<uint64_t>(result.completion_tokens);
   completion.cached_tokens = static_cast<uint64_t>(result.cached_tokens);

@@ -11,6 +11,8 @@
 #include "server/http_server.h"
 #include "server/openai_types.h"
 #include "server/sampling_config.h"
+#include "server/test_script.h"
+#include "text/output_parser.h"
 #include "text/tokenizer.h"
 
 namespace lily {
@@ -32,6 +34,22 @@ struct ServingModel {
   // What a request that leaves sampling fields out gets (openai mode; none: greedy). Known
   // only once the checkpoint is (--sampling-defaults checkpoint).
   SamplingDefaults sampling_defaults;
+  // Thinking (openai mode): the default for requests that do not choose (--thinking), the
+  // reasoning budget for those that set none (--reasoning-budget; -1: none), and the sampling
+  // of a thinking request that sets no sampling field while sampling_defaults is greedy: the
+  // checkpoint's generation_config.json (greedy decoding loops in thinking mode).
+  bool thinking = false;
+  int64_t reasoning_budget = -1;
+  SamplingDefaults thinking_sampling;
+  // Test only (--test-script): requests whose last message matches a rule get its output.
+  std::vector<TestScriptRule> test_script;
+};
+
+// What the output of one chat request is parsed for (openai mode), fixed at admission.
+struct AnswerShape {
+  bool thinking = false;
+  OutputParserConfig parser;
+  bool parallel_tool_calls = true;  // false: only the first call is kept
 };
 
 // Routes (docs/api.md): GET /health, GET /v1/models, POST /v1/chat/completions; 404 for other
@@ -54,16 +72,25 @@ class ApiHandler : public HttpHandler {
 
  private:
   void chat_completion(HttpRequest request, Responder respond);
-  // The request's generation: budget, stop tokens and strings, token choice, logprobs.
-  SequenceConfig sequence_config(const ChatRequest& chat, uint64_t max_tokens) const;
+  // The request's generation: budget, stop tokens and strings, token choice, logprobs, and
+  // the tokens forced by tool_choice, the reasoning budget or a test script.
+  SequenceConfig sequence_config(const ChatRequest& chat, uint64_t max_tokens,
+                                 bool thinking) const;
+  std::vector<int32_t> encode(std::string_view text) const;
   HttpResponse completion_response(const EngineResult& result, const HttpRequest& request,
-                                   ApiMode mode, bool logprobs, const std::string& log_extra);
+                                   ApiMode mode, bool logprobs, const AnswerShape& shape,
+                                   const std::string& log_extra);
 
   ApiConfig config_;
   std::atomic<ServerPhase> phase_{ServerPhase::loading};
   ServingModel model_;  // written before phase_ becomes ready (release), read after (acquire)
   CompletionIdGenerator ids_;
+  int32_t think_end_token_ = -1;  // `</think>`, when the tokenizer has it as one token
 };
+
+// The finish_reason of an answer: the engine's "length" or "stop", the latter "tool_calls"
+// when the answer holds calls.
+FinishReason answer_finish_reason(const std::string& engine_reason, bool has_tool_calls);
 
 // The OpenAI envelope for an error, with its log detail.
 HttpResponse api_error_response(const ApiError& error);

@@ -54,7 +54,9 @@ Json parse_body_object(std::string_view body, const ServerLimits& limits) {
   }
   Json root;
   try {
-    root = parse_strict_json(body, "request body", limits.max_json_depth);
+    root = parse_strict_json(body, "request body",
+                             limits.mode == ApiMode::strict ? limits.max_json_depth
+                                                            : limits.max_json_depth_openai);
   } catch (const InputError& error) {
     throw parse_error(error.what());
   }
@@ -177,17 +179,18 @@ std::string describe(const Json& value) {
 }
 
 // Every top-level field openai mode knows; any other is accepted, ignored and reported.
-constexpr std::array<std::string_view, 37> kOpenAiFields = {
+constexpr std::array<std::string_view, 41> kOpenAiFields = {
     // used
     "model", "messages", "max_tokens", "max_completion_tokens", "stream", "stream_options",
     "prompt_cache_key", "n", "temperature", "top_p", "top_k", "min_p", "presence_penalty",
     "frequency_penalty", "repetition_penalty", "seed", "logit_bias", "stop", "logprobs",
-    "top_logprobs",
+    "top_logprobs", "tools", "tool_choice", "parallel_tool_calls", "reasoning_effort",
+    "chat_template_kwargs", "enable_thinking", "reasoning_budget", "thinking_budget",
     // accepted only with values that change nothing (otherwise "not supported yet")
-    "best_of", "tools", "tool_choice", "functions", "function_call", "response_format", "audio",
-    "modalities", "prediction", "web_search_options", "reasoning_effort", "chat_template_kwargs",
+    "best_of", "functions", "function_call", "response_format", "audio", "modalities",
+    "prediction", "web_search_options",
     // accepted and ignored
-    "user", "metadata", "store", "service_tier", "parallel_tool_calls"};
+    "user", "metadata", "store", "service_tier"};
 
 bool is_openai_field(std::string_view key) {
   return std::find(kOpenAiFields.begin(), kOpenAiFields.end(), key) != kOpenAiFields.end();
@@ -359,66 +362,159 @@ std::string parse_content_parts(const Json& parts, const std::string& at,
   return text;
 }
 
-OpenAiMessage parse_openai_message(const Json& item, size_t i, std::set<std::string>& ignored) {
+// One assistant tool call {"id", "type": "function", "function": {"name", "arguments"}}: the
+// arguments, a JSON string on the wire (an object is accepted too), become the object they
+// encode, keys in the client's order (`ordered` is the same call read with OrderedJson).
+ChatToolCall parse_history_tool_call(const Json& call, const OrderedJson* ordered,
+                                     const std::string& at) {
+  if (!call.is_object()) {
+    throw parse_error(at + " must be an object {\"id\", \"type\", \"function\"}, found " +
+                          describe(call),
+                      at);
+  }
+  ChatToolCall out;
+  if (const Json* id = given(call, "id")) {
+    if (!id->is_string()) {
+      throw parse_error(at + ".id must be a string, found " + describe(*id), at + ".id");
+    }
+    out.id = id->get<std::string>();
+  }
+  if (const Json* type = given(call, "type"); type && *type != "function") {
+    throw parse_error(at + ".type must be \"function\", found " + describe(*type), at + ".type");
+  }
+  const Json* function = given(call, "function");
+  if (!function || !function->is_object()) {
+    throw parse_error(at + ".function must be an object {\"name\", \"arguments\"}, found " +
+                          (function ? describe(*function) : std::string("nothing")),
+                      at + ".function");
+  }
+  const Json* name = given(*function, "name");
+  if (!name || !name->is_string() || name->get_ref<const std::string&>().empty()) {
+    throw parse_error(at + ".function.name must be a non-empty string, found " +
+                          (name ? describe(*name) : std::string("nothing")),
+                      at + ".function.name");
+  }
+  out.name = name->get<std::string>();
+  const std::string aat = at + ".function.arguments";
+  // Without the ordered form (not expected: the caller reads it whenever calls are present),
+  // the sorted one still gives the right object, in byte order.
+  const OrderedJson fallback = OrderedJson::parse(function->dump());
+  const OrderedJson& ordered_function = ordered ? ordered->at("function") : fallback;
+  const auto args = ordered_function.find("arguments");
+  if (args == ordered_function.end() || args->is_null()) {
+    out.arguments = OrderedJson::object();
+  } else if (args->is_object()) {
+    out.arguments = *args;
+  } else if (args->is_string()) {
+    const std::string& text = args->get_ref<const std::string&>();
+    if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
+      out.arguments = OrderedJson::object();  // "" for a call without arguments
+    } else {
+      try {
+        out.arguments = parse_strict_ordered_json(text, aat, 64);
+      } catch (const InputError& error) {
+        throw parse_error(aat + " must be a JSON object encoded as a string: " + error.what(), aat);
+      }
+      if (!out.arguments.is_object()) {
+        throw parse_error(aat + " must encode a JSON object, found " +
+                              describe_json(out.arguments),
+                          aat);
+      }
+    }
+  } else {
+    throw parse_error(aat + " must be a string (a JSON object), found " + describe_json(*args),
+                      aat);
+  }
+  return out;
+}
+
+OpenAiMessage parse_openai_message(const Json& item, const OrderedJson* ordered, size_t i,
+                                   std::set<std::string>& ignored) {
   const std::string at = "messages[" + std::to_string(i) + "]";
   if (!item.is_object()) {
     throw parse_error(at + " must be an object {\"role\", \"content\"}, found " + describe(item),
                       at);
   }
   OpenAiMessage out;
-  // role: the three the template renders here; tool, developer and function come later.
+  // role: developer is rendered as system (it is the newer name); function is the deprecated
+  // predecessor of tool.
   const auto role_it = item.find("role");
   if (role_it == item.end()) throw parse_error(at + ": missing field \"role\"", at + ".role");
   const Json& role = *role_it;
-  if (role == "system") {
+  if (role == "system" || role == "developer") {
     out.message.role = ChatRole::system;
   } else if (role == "user") {
     out.message.role = ChatRole::user;
   } else if (role == "assistant") {
     out.message.role = ChatRole::assistant;
-  } else if (role == "tool" || role == "developer" || role == "function") {
-    refuse_once(out.refusal, unsupported(at + ".role " + role.dump(), at + ".role"));
+  } else if (role == "tool") {
+    out.message.role = ChatRole::tool;
+  } else if (role == "function") {
+    refuse_once(out.refusal, unsupported(at + ".role \"function\" (send role \"tool\")",
+                                         at + ".role"));
   } else {
-    throw parse_error(at + ".role must be \"system\", \"user\" or \"assistant\", found " +
-                          describe_json(role),  // strict mode's text
+    throw parse_error(at + ".role must be \"system\", \"developer\", \"user\", \"assistant\" "
+                           "or \"tool\", found " + describe_json(role),
                       at + ".role");
   }
   const bool assistant = out.message.role == ChatRole::assistant && !out.refusal;
-  // Fields of tool calling: refused unless null (an empty tool_calls list renders nothing, T105).
-  if (const Json* calls = given(item, "tool_calls");
-      calls && !(calls->is_array() && calls->empty())) {
-    refuse_once(out.refusal, unsupported(at + ".tool_calls", at + ".tool_calls"));
-  }
-  for (const char* key : {"tool_call_id", "function_call"}) {
-    if (given(item, key)) {
-      refuse_once(out.refusal, unsupported(at + "." + key, at + "." + std::string(key)));
+  const bool tool = out.message.role == ChatRole::tool && !out.refusal;
+  if (const Json* calls = given(item, "tool_calls")) {
+    if (!calls->is_array()) {
+      throw parse_error(at + ".tool_calls must be an array, found " + describe(*calls),
+                        at + ".tool_calls");
+    }
+    if (!calls->empty() && !assistant && !out.refusal) {
+      throw bad_request(at + ".tool_calls: only assistant messages carry tool calls",
+                        at + ".tool_calls");
+    }
+    for (size_t j = 0; j < calls->size() && assistant; ++j) {
+      const std::string cat = at + ".tool_calls[" + std::to_string(j) + "]";
+      const OrderedJson* ordered_call = ordered ? &ordered->at("tool_calls").at(j) : nullptr;
+      out.message.tool_calls.push_back(parse_history_tool_call((*calls)[j], ordered_call, cat));
     }
   }
-  // name and the reasoning fields: accepted, not rendered (earlier turns' reasoning is dropped
-  // while the last message is a user query, T100-104).
+  if (const Json* id = given(item, "tool_call_id")) {
+    if (!id->is_string()) {
+      throw parse_error(at + ".tool_call_id must be a string, found " + describe(*id),
+                        at + ".tool_call_id");
+    }
+    out.message.tool_call_id = id->get<std::string>();
+  }
+  if (given(item, "function_call")) {
+    refuse_once(out.refusal, unsupported(at + ".function_call (send tool_calls)",
+                                         at + ".function_call"));
+  }
   if (const Json* name = given(item, "name")) {
     if (!name->is_string()) {
       throw parse_error(at + ".name must be a string, found " + describe(*name), at + ".name");
     }
   }
-  for (const char* key : {"reasoning_content", "reasoning"}) {
-    if (const Json* value = given(item, key); value && !value->is_string()) {
-      throw parse_error(at + "." + key + " must be a string or null, found " + describe(*value),
-                        at + "." + key);
+  // Earlier turns' reasoning: `reasoning_content` (most clients) or `reasoning` (vLLM >= 0.20,
+  // Open WebUI); the template renders it after the last user query (T86-104).
+  for (const char* key : {"reasoning", "reasoning_content"}) {
+    if (const Json* value = given(item, key)) {
+      if (!value->is_string()) {
+        throw parse_error(at + "." + key + " must be a string or null, found " + describe(*value),
+                          at + "." + key);
+      }
+      if (assistant) out.message.reasoning_content = value->get<std::string>();
     }
   }
   for (const auto& [key, value] : item.items()) {
     if (key != "role" && key != "content" && key != "tool_calls" && key != "tool_call_id" &&
-        key != "function_call" && !value.is_null()) {
+        key != "function_call" && key != "reasoning_content" && key != "reasoning" &&
+        !value.is_null()) {
       ignored.insert("messages[]." + key);
     }
   }
-  // content: a string, an array of parts, or (assistant only) null/absent, which the template
-  // renders as "" (T36-37).
+  // content: a string, an array of parts, or (assistant and tool) null/absent, which the
+  // template renders as "" (T36-37).
   const auto content_it = item.find("content");
   const std::string cat = at + ".content";
+  const bool may_be_null = assistant || tool;
   if (content_it == item.end() || content_it->is_null()) {
-    if (!assistant && !out.refusal) {
+    if (!may_be_null && !out.refusal) {
       if (content_it == item.end()) throw parse_error(at + ": missing field \"content\"", cat);
       throw parse_error(cat + " must be a string or an array of content parts, found null", cat);
     }
@@ -428,14 +524,15 @@ OpenAiMessage parse_openai_message(const Json& item, size_t i, std::set<std::str
     out.message.content = parse_content_parts(*content_it, cat, out.refusal, ignored);
   } else {
     throw parse_error(cat + " must be a string or an array of content parts" +
-                          (assistant ? std::string(" (or null)") : std::string()) + ", found " +
+                          (may_be_null ? std::string(" (or null)") : std::string()) + ", found " +
                           describe(*content_it),
                       cat);
   }
   return out;
 }
 
-std::vector<OpenAiMessage> parse_openai_messages(const Json& messages,
+// `ordered`: the same array read with OrderedJson (for tool-call arguments), or null.
+std::vector<OpenAiMessage> parse_openai_messages(const Json& messages, const OrderedJson* ordered,
                                                  std::set<std::string>& ignored) {
   if (!messages.is_array()) {
     throw parse_error("messages must be a JSON array of {\"role\", \"content\"} objects, found " +
@@ -445,7 +542,7 @@ std::vector<OpenAiMessage> parse_openai_messages(const Json& messages,
   std::vector<OpenAiMessage> out;
   out.reserve(messages.size());
   for (size_t i = 0; i < messages.size(); ++i) {
-    out.push_back(parse_openai_message(messages[i], i, ignored));
+    out.push_back(parse_openai_message(messages[i], ordered ? &(*ordered)[i] : nullptr, i, ignored));
   }
   return out;
 }
@@ -527,16 +624,6 @@ std::vector<std::string> parse_stop(const Json& value) {
 // Step 1f for the fields that are accepted only with values that change nothing: their type
 // (a wrong type is a parse error). Step 3 (`check_unsupported`) refuses the other values.
 void check_feature_field_types(const Json& root) {
-  if (const Json* v = given(root, "tools"); v && !v->is_array()) {
-    throw parse_error("tools must be an array, found " + describe(*v), "tools");
-  }
-  if (const Json* v = given(root, "tool_choice");
-      v && !v->is_object() &&
-      !(v->is_string() && (*v == "none" || *v == "auto" || *v == "required"))) {
-    throw parse_error(
-        "tool_choice must be \"none\", \"auto\", \"required\" or an object, found " + describe(*v),
-        "tool_choice");
-  }
   if (const Json* v = given(root, "functions"); v && !v->is_array()) {
     throw parse_error("functions must be an array, found " + describe(*v), "functions");
   }
@@ -567,20 +654,12 @@ void check_feature_field_types(const Json& root) {
           "modalities");
     }
   }
-  choice_field(root, "reasoning_effort", {"none", "minimal", "low", "medium", "high", "xhigh"});
-  if (const Json* v = given(root, "chat_template_kwargs")) {
-    if (!v->is_object()) {
-      throw parse_error("chat_template_kwargs must be an object, found " + describe(*v),
-                        "chat_template_kwargs");
-    }
-    bool_field(*v, "enable_thinking", "chat_template_kwargs.enable_thinking");
-  }
 }
 
 // Step 1f for the accepted-and-ignored fields OpenAI defines: their documented types; each
 // present one is reported.
 void check_ignored_field_types(const Json& root, std::set<std::string>& ignored) {
-  for (const char* key : {"user", "metadata", "store", "service_tier", "parallel_tool_calls"}) {
+  for (const char* key : {"user", "metadata", "store", "service_tier"}) {
     if (given(root, key)) ignored.insert(key);
   }
   if (const Json* v = given(root, "user"); v && !v->is_string() && !v->is_object()) {
@@ -593,7 +672,123 @@ void check_ignored_field_types(const Json& root, std::set<std::string>& ignored)
   if (const Json* v = given(root, "service_tier"); v && !v->is_string()) {
     throw parse_error("service_tier must be a string, found " + describe(*v), "service_tier");
   }
-  bool_field(root, "parallel_tool_calls", "parallel_tool_calls");
+}
+
+// tools: function tools {"type": "function", "function": {"name", "description"?,
+// "parameters"?, "strict"?}}; kept as sent (OrderedJson) for the template.
+std::vector<OrderedJson> parse_tools(const Json& tools, const OrderedJson* ordered) {
+  if (!tools.is_array()) throw parse_error("tools must be an array, found " + describe(tools), "tools");
+  std::vector<OrderedJson> out;
+  std::set<std::string> names;
+  for (size_t i = 0; i < tools.size(); ++i) {
+    const std::string at = "tools[" + std::to_string(i) + "]";
+    const Json& tool = tools[i];
+    if (!tool.is_object()) {
+      throw parse_error(at + " must be an object {\"type\": \"function\", \"function\"}, found " +
+                            describe(tool),
+                        at);
+    }
+    const Json* type = given(tool, "type");
+    if (!type || *type != "function") {
+      throw parse_error(at + ".type must be \"function\" (the only tool type served), found " +
+                            (type ? describe(*type) : std::string("nothing")),
+                        at + ".type");
+    }
+    const Json* function = given(tool, "function");
+    if (!function || !function->is_object()) {
+      throw parse_error(at + ".function must be an object {\"name\", \"description\", "
+                             "\"parameters\"}, found " +
+                            (function ? describe(*function) : std::string("nothing")),
+                        at + ".function");
+    }
+    const Json* name = given(*function, "name");
+    if (!name || !name->is_string() || name->get_ref<const std::string&>().empty()) {
+      throw parse_error(at + ".function.name must be a non-empty string, found " +
+                            (name ? describe(*name) : std::string("nothing")),
+                        at + ".function.name");
+    }
+    const std::string& text = name->get_ref<const std::string&>();
+    if (text.find_first_of("<>\n\r\t ") != std::string::npos) {
+      throw parse_error(at + ".function.name must not contain whitespace, '<' or '>' (the model "
+                             "writes it inside <function=...>), found " + describe(*name),
+                        at + ".function.name");
+    }
+    if (!names.insert(text).second) {
+      throw parse_error(at + ".function.name " + describe(*name) + " is declared twice",
+                        at + ".function.name");
+    }
+    if (const Json* d = given(*function, "description"); d && !d->is_string()) {
+      throw parse_error(at + ".function.description must be a string, found " + describe(*d),
+                        at + ".function.description");
+    }
+    if (const Json* p = given(*function, "parameters"); p && !p->is_object()) {
+      throw parse_error(at + ".function.parameters must be a JSON schema object, found " +
+                            describe(*p),
+                        at + ".function.parameters");
+    }
+    bool_field(*function, "strict", at + ".function.strict");
+    out.push_back(ordered ? (*ordered)[i] : OrderedJson::parse(tool.dump()));
+  }
+  return out;
+}
+
+// tool_choice: "none", "auto", "required" or {"type": "function", "function": {"name"}}.
+void parse_tool_choice(const Json& value, ChatRequest& request) {
+  if (value == "none") {
+    request.tool_choice = ToolChoice::none;
+  } else if (value == "auto") {
+    request.tool_choice = ToolChoice::automatic;
+  } else if (value == "required") {
+    request.tool_choice = ToolChoice::required;
+  } else if (value.is_object() && given(value, "function") && value.at("function").is_object() &&
+             given(value.at("function"), "name") && value.at("function").at("name").is_string()) {
+    if (const Json* type = given(value, "type"); type && *type != "function") {
+      throw parse_error("tool_choice.type must be \"function\", found " + describe(*type),
+                        "tool_choice.type");
+    }
+    request.tool_choice = ToolChoice::named;
+    request.tool_choice_name = value.at("function").at("name").get<std::string>();
+  } else {
+    throw parse_error("tool_choice must be \"none\", \"auto\", \"required\" or "
+                      "{\"type\": \"function\", \"function\": {\"name\": ...}}, found " +
+                          describe(value),
+                      "tool_choice");
+  }
+}
+
+// Thinking and its budget: enable_thinking (chat_template_kwargs or top level) wins over
+// reasoning_effort.
+void parse_thinking(const Json& root, ChatRequest& request, std::set<std::string>& ignored) {
+  const std::optional<std::string> effort =
+      choice_field(root, "reasoning_effort", {"none", "minimal", "low", "medium", "high", "xhigh"});
+  if (effort) request.thinking = *effort != "none" && *effort != "minimal";
+  if (const std::optional<bool> top = bool_field(root, "enable_thinking", "enable_thinking")) {
+    request.thinking = *top;
+  }
+  if (const Json* v = given(root, "chat_template_kwargs")) {
+    if (!v->is_object()) {
+      throw parse_error("chat_template_kwargs must be an object, found " + describe(*v),
+                        "chat_template_kwargs");
+    }
+    if (const std::optional<bool> on =
+            bool_field(*v, "enable_thinking", "chat_template_kwargs.enable_thinking")) {
+      request.thinking = *on;
+    }
+    request.preserve_thinking =
+        bool_field(*v, "preserve_thinking", "chat_template_kwargs.preserve_thinking")
+            .value_or(false);
+    for (const auto& [key, value] : v->items()) {
+      if (key != "enable_thinking" && key != "preserve_thinking" && !value.is_null()) {
+        ignored.insert("chat_template_kwargs." + key);
+      }
+    }
+  }
+  for (const char* key : {"thinking_budget", "reasoning_budget"}) {
+    if (const std::optional<int64_t> budget =
+            integer_field(root, key, 0, int64_t{1} << 40, "a non-negative integer")) {
+      request.reasoning_budget = *budget;
+    }
+  }
 }
 
 // Step 3 of openai mode: values that would change the output but are not implemented yet.
@@ -604,12 +799,6 @@ void check_unsupported(const Json& root, const std::vector<OpenAiMessage>& messa
   }
   if (n > 1) throw bad_request("n > 1 is not supported", "n");
   if (best_of > 1) throw bad_request("best_of > 1 is not supported", "best_of");
-  const Json* tools = given(root, "tools");
-  if (tools && !tools->empty()) throw unsupported("\"tools\"", "tools");
-  if (const Json* v = given(root, "tool_choice")) {
-    if (*v == "required") throw unsupported("\"tool_choice\": \"required\"", "tool_choice");
-    if (v->is_object()) throw unsupported("\"tool_choice\" naming a function", "tool_choice");
-  }
   const Json* functions = given(root, "functions");
   if (functions && !functions->empty()) throw unsupported("\"functions\"", "functions");
   if (const Json* v = given(root, "function_call"); v && v->is_object()) {
@@ -627,23 +816,29 @@ void check_unsupported(const Json& root, const std::vector<OpenAiMessage>& messa
   if (given(root, "web_search_options")) {
     throw unsupported("\"web_search_options\"", "web_search_options");
   }
-  if (const Json* v = given(root, "reasoning_effort"); v && *v != "none" && *v != "minimal") {
-    throw bad_request("\"reasoning_effort\": " + v->dump() +
-                          " is not supported yet (thinking is off; \"none\" and \"minimal\" are "
-                          "accepted)",
-                      "reasoning_effort");
+}
+
+// tool_choice against the tools (step 3): a choice that needs a tool needs one, a named
+// function must be declared.
+void check_tool_choice(const ChatRequest& request) {
+  if (request.tool_choice == ToolChoice::required && request.tools.empty()) {
+    throw bad_request("tool_choice \"required\" needs tools", "tool_choice");
   }
-  if (const Json* v = given(root, "chat_template_kwargs")) {
-    if (const Json* thinking = given(*v, "enable_thinking"); thinking && *thinking == true) {
-      throw bad_request(
-          "\"chat_template_kwargs.enable_thinking\": true is not supported yet "
-          "(thinking is off)",
-          "chat_template_kwargs.enable_thinking");
+  if (request.tool_choice == ToolChoice::named) {
+    const bool declared = std::any_of(request.tools.begin(), request.tools.end(),
+                                      [&](const OrderedJson& tool) {
+                                        return tool.at("function").at("name") ==
+                                               request.tool_choice_name;
+                                      });
+    if (!declared) {
+      throw bad_request("tool_choice names the function " + quoted_cut(request.tool_choice_name) +
+                            ", which is not among the tools",
+                        "tool_choice");
     }
   }
 }
 
-ChatRequest parse_openai(const Json& root, const ServerLimits& limits) {
+ChatRequest parse_openai(const Json& root, const OrderedJson* ordered, const ServerLimits& limits) {
   ChatRequest request;
   request.max_tokens = limits.default_max_tokens;
   std::set<std::string> ignored;
@@ -660,7 +855,7 @@ ChatRequest parse_openai(const Json& root, const ServerLimits& limits) {
   }
   std::vector<OpenAiMessage> messages;
   if (auto it = root.find("messages"); it != root.end()) {
-    messages = parse_openai_messages(*it, ignored);
+    messages = parse_openai_messages(*it, ordered ? &ordered->at("messages") : nullptr, ignored);
   }
   std::optional<uint64_t> max_tokens;
   std::optional<uint64_t> max_completion_tokens;
@@ -725,20 +920,26 @@ ChatRequest parse_openai(const Json& root, const ServerLimits& limits) {
                     "an integer in [0, " + std::to_string(kMaxTopLogprobs) + "]");
   const int64_t best_of =
       integer_field(root, "best_of", 1, kInt64Max, "a positive integer").value_or(1);
+  if (const Json* v = given(root, "tools")) {
+    request.tools = parse_tools(*v, ordered ? &ordered->at("tools") : nullptr);
+    if (!request.tools.empty()) request.tool_choice = ToolChoice::automatic;
+  }
+  if (const Json* v = given(root, "tool_choice")) parse_tool_choice(*v, request);
+  if (request.tools.empty() && request.tool_choice == ToolChoice::automatic) {
+    request.tool_choice = ToolChoice::none;  // "auto" without tools: nothing to call
+  }
+  request.parallel_tool_calls =
+      bool_field(root, "parallel_tool_calls", "parallel_tool_calls").value_or(true);
+  parse_thinking(root, request, ignored);
   check_feature_field_types(root);
   check_ignored_field_types(root, ignored);
-  if (const Json* v = given(root, "chat_template_kwargs")) {
-    for (const auto& [key, value] : v->items()) {
-      if (key != "enable_thinking" && !value.is_null())
-        ignored.insert("chat_template_kwargs." + key);
-    }
-  }
   // Step 1g: missing fields.
   if (!root.contains("model")) throw parse_error("missing field \"model\"", "model");
   if (!root.contains("messages")) throw parse_error("missing field \"messages\"", "messages");
 
   check_model(request, limits);                   // step 2
   check_unsupported(root, messages, n, best_of);  // step 3
+  check_tool_choice(request);
   request.messages.reserve(messages.size());
   for (OpenAiMessage& m : messages) request.messages.push_back(std::move(m.message));
   check_messages(request);  // steps 4-5
@@ -775,12 +976,22 @@ bool SamplingFields::any() const {
 
 ChatRequest parse_chat_request(std::string_view body, const ServerLimits& limits) {
   const Json root = parse_body_object(body, limits);
-  return limits.mode == ApiMode::strict ? parse_strict(root, limits) : parse_openai(root, limits);
+  if (limits.mode == ApiMode::strict) return parse_strict(root, limits);
+  // Tool schemas and call arguments go back into the prompt in the client's key order, which
+  // Json (sorted) loses: read the body once more, keeping it (it already passed every check).
+  std::optional<OrderedJson> ordered;
+  if (body.find("\"tool") != std::string_view::npos) {
+    ordered = parse_strict_ordered_json(body, "request body", limits.max_json_depth_openai);
+  }
+  return parse_openai(root, ordered ? &*ordered : nullptr, limits);
 }
 
-std::string render_request_prompt(const ChatRequest& request) {
+std::string render_request_prompt(const ChatRequest& request, bool thinking) {
   try {
-    return render_chat(request.messages);
+    ChatPromptOptions options;
+    options.enable_thinking = thinking;
+    options.preserve_thinking = request.preserve_thinking;
+    return render_chat(request.messages, request.tools, options);
   } catch (const InputError& error) {
     throw bad_request(std::string("rendering chat template: ") + error.what(), "messages");
   }

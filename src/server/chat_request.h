@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/strict_json.h"
 #include "text/chat_format.h"
 
 namespace lily {
@@ -31,7 +32,9 @@ inline constexpr size_t kMaxStopStrings = 16;
 struct ServerLimits {
   std::string model_id = std::string(kServedModelId);  // `model` must equal this
   uint64_t max_body_bytes = 1048576;                   // larger bodies: 413
-  int max_json_depth = 16;  // nesting cap; a valid request needs 3 levels (5 with content parts)
+  int max_json_depth = 16;  // strict mode's nesting cap; a valid request needs 3 levels (5 with
+                            // content parts)
+  int max_json_depth_openai = 64;  // openai mode: tool schemas and arguments nest deeper
   uint64_t default_max_tokens = 128;  // used when the body has no `max_tokens`
   ApiMode mode = ApiMode::openai;
   // logit_bias keys must be token ids below this (the tokenizer's id count); 0: unknown, then
@@ -81,10 +84,18 @@ struct SamplingFields {
   bool any() const;
 };
 
+// Which tool calls the answer may or must contain (`tool_choice`).
+enum class ToolChoice {
+  none,      // never a call (and the text is not parsed for calls)
+  automatic, // the model decides ("auto", the default with tools)
+  required,  // at least one call: its opening is forced after the reasoning
+  named,     // a call of `tool_choice_name`: its opening and name are forced
+};
+
 // A validated POST /v1/chat/completions body.
 struct ChatRequest {
   std::string model;
-  std::vector<ChatMessage> messages;  // non-empty, last role user; content parts concatenated
+  std::vector<ChatMessage> messages;  // non-empty, last role user (or tool); text parts joined
   uint64_t max_tokens = 128;          // > 0; the default when absent (openai: or its alias)
   bool max_tokens_given = false;  // whether the body carried max_tokens or max_completion_tokens
   bool stream = false;            // strict mode: always false once accepted
@@ -100,6 +111,18 @@ struct ChatRequest {
   // "chat_template_kwargs.preserve_thinking", "messages[].content[].cache_control"). The
   // caller logs them once per request.
   std::vector<std::string> ignored_fields;
+  // Tools (openai mode): the `tools` array's elements as sent (key order kept, for the
+  // template's tojson), every one a function tool with a name.
+  std::vector<OrderedJson> tools;
+  ToolChoice tool_choice = ToolChoice::none;  // "auto" when tools are given and it is absent
+  std::string tool_choice_name;               // ToolChoice::named
+  bool parallel_tool_calls = true;
+  // Thinking: chat_template_kwargs.enable_thinking (or a top-level enable_thinking), else
+  // reasoning_effort ("none"/"minimal" off, "low"/"medium"/"high"/"xhigh" on); nullopt: the
+  // server's --thinking.
+  std::optional<bool> thinking;
+  bool preserve_thinking = false;           // chat_template_kwargs.preserve_thinking
+  std::optional<int64_t> reasoning_budget;  // reasoning_budget (or thinking_budget), >= 0
 };
 
 // Parses and validates a chat-completions body in the order of docs/api.md for
@@ -111,9 +134,10 @@ struct ChatRequest {
 // Throws ApiError (status 400 or 413) on the first failure, and nothing else.
 ChatRequest parse_chat_request(std::string_view body, const ServerLimits& limits);
 
-// Step 7: the prompt text (history rewrite + template, thinking off). Template errors
-// become ApiError 400 "rendering chat template: ...".
-std::string render_request_prompt(const ChatRequest& request);
+// Step 7: the prompt text (docs/chat-format.md): thinking off, Lily's history rewrite and the
+// template; thinking on, the template as the checkpoint renders it; with the request's tools.
+// Template errors become ApiError 400 "rendering chat template: ...".
+std::string render_request_prompt(const ChatRequest& request, bool thinking = false);
 
 // Steps 8–9: given the tokenised prompt length, the requested max_tokens and the server's
 // max_seq, returns the effective max_tokens (Lily: the request's value, unchanged) or throws

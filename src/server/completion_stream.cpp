@@ -25,10 +25,12 @@ std::vector<TokenLogprob> api_logprobs(const std::vector<TokenLogprobs>& entries
 }
 
 CompletionStream::CompletionStream(ChunkContext context, const Tokenizer& tokenizer,
-                                   bool logprobs, std::function<void(std::function<void()>)> post,
+                                   bool logprobs, const AnswerShape& shape,
+                                   std::function<void(std::function<void()>)> post,
                                    std::chrono::steady_clock::time_point received)
     : context_(std::move(context)), tokenizer_(tokenizer), logprobs_(logprobs),
-      post_(std::move(post)), received_(received) {}
+      thinking_(shape.thinking), parallel_tool_calls_(shape.parallel_tool_calls),
+      parser_(shape.parser, random_call_id), post_(std::move(post)), received_(received) {}
 
 void CompletionStream::start(std::shared_ptr<ResponseStream> stream) {
   std::vector<std::string> early;
@@ -61,9 +63,32 @@ void CompletionStream::on_delta(SequenceDelta delta) {
 void CompletionStream::write_delta(const SequenceDelta& delta) {
   if (logprobs_) {
     const std::vector<TokenLogprob> entries = api_logprobs(delta.logprobs, tokenizer_);
-    write(sse_frame(chunk_content_json(context_, delta.text, &entries)));
-  } else if (!delta.text.empty()) {
-    write(sse_frame(chunk_content_json(context_, delta.text, nullptr)));
+    logprobs_pending_.insert(logprobs_pending_.end(), entries.begin(), entries.end());
+  }
+  write_pieces(parser_.feed(delta.text));
+}
+
+void CompletionStream::write_pieces(const std::vector<OutputDelta>& pieces) {
+  for (const OutputDelta& piece : pieces) {
+    if (piece.kind == OutputDelta::Kind::tool_call && !parallel_tool_calls_ &&
+        piece.call_index > 0) {
+      continue;  // parallel_tool_calls false: the first call only
+    }
+    const std::vector<TokenLogprob>* entries = logprobs_ ? &logprobs_pending_ : nullptr;
+    switch (piece.kind) {
+      case OutputDelta::Kind::content:
+        write(sse_frame(chunk_content_json(context_, piece.text, entries)));
+        break;
+      case OutputDelta::Kind::reasoning:
+        write(sse_frame(chunk_reasoning_json(context_, piece.text, entries)));
+        break;
+      case OutputDelta::Kind::tool_call:
+        has_tool_calls_ = true;
+        write(sse_frame(chunk_tool_call_json(context_, piece.call_index, piece.call_id,
+                                             piece.call_name, piece.text, entries)));
+        break;
+    }
+    logprobs_pending_.clear();
   }
 }
 
@@ -91,13 +116,19 @@ void CompletionStream::complete(const EngineResult& result, const std::string& l
     stream = stream_;
   }
   if (result.finish_reason != "cancelled") {
-    const FinishReason reason =
-        result.finish_reason == "stop" ? FinishReason::stop : FinishReason::length;
+    write_pieces(parser_.finish(result.finish_reason == "length"));
+    if (!logprobs_pending_.empty()) {  // entries of text the parser dropped (whitespace)
+      write(sse_frame(chunk_content_json(context_, "", &logprobs_pending_)));
+      logprobs_pending_.clear();
+    }
+    const FinishReason reason = answer_finish_reason(result.finish_reason, has_tool_calls_);
     write(sse_frame(chunk_finish_json(context_, reason)));
     if (context_.include_usage) {
+      std::optional<uint64_t> reasoning;
+      if (thinking_) reasoning = static_cast<uint64_t>(result.reasoning_tokens);
       write(sse_frame(chunk_usage_json(context_, static_cast<uint64_t>(result.prompt_tokens),
                                        static_cast<uint64_t>(result.completion_tokens),
-                                       static_cast<uint64_t>(result.cached_tokens))));
+                                       static_cast<uint64_t>(result.cached_tokens), reasoning)));
     }
     write(sse_done());
   }

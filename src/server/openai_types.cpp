@@ -63,7 +63,7 @@ OrderedJson logprobs_json(const std::vector<TokenLogprob>& tokens) {
 }
 
 OrderedJson usage_json(uint64_t prompt_tokens, uint64_t completion_tokens,
-                       uint64_t cached_tokens) {
+                       uint64_t cached_tokens, std::optional<uint64_t> reasoning_tokens) {
   OrderedJson details = OrderedJson::object();
   details["cached_tokens"] = cached_tokens;
   OrderedJson usage = OrderedJson::object();
@@ -71,6 +71,11 @@ OrderedJson usage_json(uint64_t prompt_tokens, uint64_t completion_tokens,
   usage["completion_tokens"] = completion_tokens;
   usage["total_tokens"] = prompt_tokens + completion_tokens;
   usage["prompt_tokens_details"] = std::move(details);
+  if (reasoning_tokens) {
+    OrderedJson completion = OrderedJson::object();
+    completion["reasoning_tokens"] = *reasoning_tokens;
+    usage["completion_tokens_details"] = std::move(completion);
+  }
   return usage;
 }
 
@@ -109,13 +114,34 @@ std::string CompletionIdGenerator::next(int64_t created) {
 }
 
 std::string_view finish_reason_name(FinishReason reason) {
-  return reason == FinishReason::stop ? "stop" : "length";
+  switch (reason) {
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::tool_calls: return "tool_calls";
+  }
+  return "stop";
 }
 
 std::string completion_response_json(const CompletionResult& result) {
   OrderedJson message = OrderedJson::object();
   message["role"] = "assistant";
-  message["content"] = result.content;
+  const bool null_content = !result.tool_calls.empty() && result.content.empty();
+  message["content"] = null_content ? OrderedJson(nullptr) : OrderedJson(result.content);
+  if (result.reasoning_content) message["reasoning_content"] = *result.reasoning_content;
+  if (!result.tool_calls.empty()) {
+    OrderedJson calls = OrderedJson::array();
+    for (const ApiToolCall& call : result.tool_calls) {
+      OrderedJson function = OrderedJson::object();
+      function["name"] = call.name;
+      function["arguments"] = call.arguments;
+      OrderedJson entry = OrderedJson::object();
+      entry["id"] = call.id;
+      entry["type"] = "function";
+      entry["function"] = std::move(function);
+      calls.push_back(std::move(entry));
+    }
+    message["tool_calls"] = std::move(calls);
+  }
   OrderedJson choice = OrderedJson::object();
   choice["index"] = 0;
   choice["message"] = std::move(message);
@@ -129,7 +155,8 @@ std::string completion_response_json(const CompletionResult& result) {
   out["created"] = result.created;
   out["model"] = result.model;
   out["choices"] = OrderedJson::array({std::move(choice)});
-  out["usage"] = usage_json(result.prompt_tokens, result.completion_tokens, result.cached_tokens);
+  out["usage"] = usage_json(result.prompt_tokens, result.completion_tokens, result.cached_tokens,
+                            result.reasoning_tokens);
   return dump(out);
 }
 
@@ -148,15 +175,43 @@ std::string chunk_content_json(const ChunkContext& context, std::string_view tex
                     logprobs ? logprobs_json(*logprobs) : OrderedJson(nullptr), std::nullopt));
 }
 
+std::string chunk_reasoning_json(const ChunkContext& context, std::string_view text,
+                                 const std::vector<TokenLogprob>* logprobs) {
+  OrderedJson delta = OrderedJson::object();
+  delta["reasoning_content"] = std::string(text);
+  return dump(chunk(context, std::move(delta),
+                    logprobs ? logprobs_json(*logprobs) : OrderedJson(nullptr), std::nullopt));
+}
+
+std::string chunk_tool_call_json(const ChunkContext& context, size_t index, std::string_view id,
+                                 std::string_view name, std::string_view arguments,
+                                 const std::vector<TokenLogprob>* logprobs) {
+  OrderedJson function = OrderedJson::object();
+  if (!id.empty()) function["name"] = std::string(name);
+  function["arguments"] = std::string(arguments);
+  OrderedJson call = OrderedJson::object();
+  call["index"] = index;
+  if (!id.empty()) {
+    call["id"] = std::string(id);
+    call["type"] = "function";
+  }
+  call["function"] = std::move(function);
+  OrderedJson delta = OrderedJson::object();
+  delta["tool_calls"] = OrderedJson::array({std::move(call)});
+  return dump(chunk(context, std::move(delta),
+                    logprobs ? logprobs_json(*logprobs) : OrderedJson(nullptr), std::nullopt));
+}
+
 std::string chunk_finish_json(const ChunkContext& context, FinishReason reason) {
   return dump(chunk(context, OrderedJson::object(), nullptr, finish_reason_name(reason)));
 }
 
 std::string chunk_usage_json(const ChunkContext& context, uint64_t prompt_tokens,
-                             uint64_t completion_tokens, uint64_t cached_tokens) {
+                             uint64_t completion_tokens, uint64_t cached_tokens,
+                             std::optional<uint64_t> reasoning_tokens) {
   OrderedJson out = chunk_head(context);
   out["choices"] = OrderedJson::array();
-  out["usage"] = usage_json(prompt_tokens, completion_tokens, cached_tokens);
+  out["usage"] = usage_json(prompt_tokens, completion_tokens, cached_tokens, reasoning_tokens);
   return dump(out);
 }
 

@@ -27,7 +27,7 @@ class CompletionIdGenerator {
 // "chatcmpl-<created>-<n>".
 std::string completion_id(int64_t created, uint64_t n);
 
-enum class FinishReason { stop, length };
+enum class FinishReason { stop, length, tool_calls };
 std::string_view finish_reason_name(FinishReason reason);
 
 // One generated token's log-probabilities (the choice's "logprobs" in openai mode).
@@ -39,12 +39,25 @@ struct TokenLogprob {
   std::vector<std::pair<std::string, float>> top;  // (token text, logprob), most likely first
 };
 
+// One tool call of an answer (openai mode): {"id","type":"function","function":{"name","arguments"}}.
+struct ApiToolCall {
+  std::string id;         // "call_<24 alphanumerics>"
+  std::string name;
+  std::string arguments;  // a JSON object as text
+};
+
 // Everything a 200 chat-completion response carries (lily-reference §6.5).
 struct CompletionResult {
   std::string id;
   int64_t created = 0;
   std::string model = std::string(kServedModelId);
   std::string content;  // may hold invalid UTF-8: replaced by U+FFFD when serialised
+  // openai mode: the reasoning (thinking on; the key is absent otherwise), and the tool calls
+  // (then an empty content is written as null, as OpenAI does).
+  std::optional<std::string> reasoning_content;
+  std::vector<ApiToolCall> tool_calls;
+  // usage.completion_tokens_details.reasoning_tokens (thinking on; absent otherwise).
+  std::optional<uint64_t> reasoning_tokens;
   FinishReason finish_reason = FinishReason::stop;
   uint64_t prompt_tokens = 0;
   uint64_t completion_tokens = 0;  // includes the stop token
@@ -56,8 +69,9 @@ struct CompletionResult {
 
 // Field order: id, object, created, model, choices, usage. The choice is
 // {index, message:{role, content}, finish_reason} in strict mode (Lily's exact bytes) and
-// {index, message:{role, content}, logprobs, finish_reason} in openai mode (OpenAI's order);
-// usage is {prompt_tokens, completion_tokens, total_tokens, prompt_tokens_details:{cached_tokens}}.
+// {index, message:{role, content(, reasoning_content)(, tool_calls)}, logprobs, finish_reason} in
+// openai mode (OpenAI's order); usage is {prompt_tokens, completion_tokens, total_tokens,
+// prompt_tokens_details:{cached_tokens}(, completion_tokens_details:{reasoning_tokens})}.
 std::string completion_response_json(const CompletionResult& result);
 
 // What every chunk of one streamed completion repeats. `include_usage`: the request's
@@ -78,12 +92,23 @@ std::string chunk_role_json(const ChunkContext& context);
 // {"content":[...],"refusal":null} when `logprobs` is given, else null; finish_reason null.
 std::string chunk_content_json(const ChunkContext& context, std::string_view text,
                                const std::vector<TokenLogprob>* logprobs);
-// The last choice chunk: delta {}, logprobs null, finish_reason "stop" or "length".
+// Reasoning: delta {"reasoning_content": text}; logprobs as chunk_content_json.
+std::string chunk_reasoning_json(const ChunkContext& context, std::string_view text,
+                                 const std::vector<TokenLogprob>* logprobs);
+// A tool call's piece: delta {"tool_calls":[{"index", "id", "type":"function",
+// "function":{"name","arguments":""}}]} when `id` is given (a call's first chunk), else
+// {"tool_calls":[{"index","function":{"arguments": fragment}}]}.
+std::string chunk_tool_call_json(const ChunkContext& context, size_t index, std::string_view id,
+                                 std::string_view name, std::string_view arguments,
+                                 const std::vector<TokenLogprob>* logprobs);
+// The last choice chunk: delta {}, logprobs null, finish_reason "stop", "length" or
+// "tool_calls".
 std::string chunk_finish_json(const ChunkContext& context, FinishReason reason);
 // With include_usage, after the finish chunk: "choices":[] and the usage object of
 // completion_response_json.
 std::string chunk_usage_json(const ChunkContext& context, uint64_t prompt_tokens,
-                             uint64_t completion_tokens, uint64_t cached_tokens);
+                             uint64_t completion_tokens, uint64_t cached_tokens,
+                             std::optional<uint64_t> reasoning_tokens = std::nullopt);
 
 // Server-sent events framing: "data: " + json + "\n\n"; the terminator "data: [DONE]\n\n"; an
 // error after the stream started (then send sse_done()): "data: " + error_response_json + "\n\n".

@@ -122,6 +122,20 @@ TEST(OpenAiRequest, StrictBodiesParseTheSame) {
   }
 }
 
+// The nesting cap: Lily's 16 levels in strict mode; 64 in openai mode, where tool schemas and
+// call arguments nest deeper.
+TEST(OpenAiRequest, NestingCapIsDeeperThanStrictModes) {
+  const std::string deep17 = std::string(17, '[') + std::string(17, ']');
+  EXPECT_EQ(error_of(body_with(",\"max_tokens\":" + deep17), kStrict).message,
+            std::string(kParse) + "request body: JSON nesting deeper than 16 levels");
+  EXPECT_EQ(error_of(body_with(",\"max_tokens\":" + deep17)).message,
+            std::string(kParse) + "max_tokens must be a non-negative integer (at most "
+                                  "18446744073709551615), found " +
+                describe_json(Json::parse(deep17)));
+  EXPECT_EQ(error_of(body_with(",\"max_tokens\":" + std::string(100, '['))).message,
+            std::string(kParse) + "request body: JSON nesting deeper than 64 levels");
+}
+
 // Errors of the steps both modes share are identical (status, message, param, code).
 TEST(OpenAiRequest, SharedStepsFailTheSameWayAsStrict) {
   const std::string deep(100, '[');
@@ -136,15 +150,12 @@ TEST(OpenAiRequest, SharedStepsFailTheSameWayAsStrict) {
            "null",
            "42",
            R"({"model":"Qwen3.6-35B-A3B","model":"x","messages":[]})",
-           body_with(",\"max_tokens\":" + deep),
            body_with(",\"prompt_cache_key\":\"\xFF\""),
            "\xEF\xBB\xBF" + body_with(""),
            R"({"model":5,"messages":[]})",
            R"({"messages":[{"role":"user","content":"x"}]})",
            R"({"model":"Qwen3.6-35B-A3B"})",
            "{}",
-           with_messages(R"([{"role":"User","content":"x"}])"),
-           with_messages(R"([{"role":null,"content":"x"}])"),
            with_messages(R"(["hi"])"),
            with_messages(R"({})"),
            with_messages(R"("hi")"),
@@ -521,12 +532,6 @@ TEST(OpenAiRequest, HarmlessValuesOfUnsupportedFeaturesAreAccepted) {
 
 TEST(OpenAiRequest, UnsupportedFeaturesAreRefusedByName) {
   const std::vector<std::tuple<const char*, const char*, const char*>> cases = {
-      {R"(,"tools":[{"type":"function","function":{"name":"f"}}])", "tools",
-       "\"tools\" is not supported yet"},
-      {R"(,"tool_choice":"required")", "tool_choice",
-       "\"tool_choice\": \"required\" is not supported yet"},
-      {R"(,"tool_choice":{"type":"function","function":{"name":"f"}})", "tool_choice",
-       "\"tool_choice\" naming a function is not supported yet"},
       {R"(,"functions":[{"name":"f"}])", "functions", "\"functions\" is not supported yet"},
       {R"(,"function_call":{"name":"f"})", "function_call",
        "\"function_call\" naming a function is not supported yet"},
@@ -541,15 +546,6 @@ TEST(OpenAiRequest, UnsupportedFeaturesAreRefusedByName) {
        "\"prediction\" is not supported yet"},
       {R"(,"web_search_options":{})", "web_search_options",
        "\"web_search_options\" is not supported yet"},
-      {R"(,"reasoning_effort":"high")", "reasoning_effort",
-       "\"reasoning_effort\": \"high\" is not supported yet (thinking is off; \"none\" and "
-       "\"minimal\" are accepted)"},
-      {R"(,"reasoning_effort":"low")", "reasoning_effort",
-       "\"reasoning_effort\": \"low\" is not supported yet (thinking is off; \"none\" and "
-       "\"minimal\" are accepted)"},
-      {R"(,"chat_template_kwargs":{"enable_thinking":true})",
-       "chat_template_kwargs.enable_thinking",
-       "\"chat_template_kwargs.enable_thinking\": true is not supported yet (thinking is off)"},
       {R"(,"best_of":2)", "best_of", "best_of > 1 is not supported"},
   };
   for (const auto& [extra, param, message] : cases) expect_error(body_with(extra), param, message);
@@ -559,10 +555,38 @@ TEST(OpenAiRequest, WrongTypesOfFeatureFields) {
   const std::vector<std::tuple<const char*, const char*, const char*>> cases = {
       {R"(,"tools":{})", "tools", "tools must be an array, found object {}"},
       {R"(,"tool_choice":"always")", "tool_choice",
-       "tool_choice must be \"none\", \"auto\", \"required\" or an object, found string "
-       "\"always\""},
+       "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+       "\"function\": {\"name\": ...}}, found string \"always\""},
       {R"(,"tool_choice":1)", "tool_choice",
-       "tool_choice must be \"none\", \"auto\", \"required\" or an object, found number 1"},
+       "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+       "\"function\": {\"name\": ...}}, found number 1"},
+      {R"(,"tool_choice":{"type":"function"})", "tool_choice",
+       "tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", "
+       "\"function\": {\"name\": ...}}, found object {\"type\":\"function\"}"},
+      {R"(,"tools":[{"type":"function"}])", "tools[0].function",
+       "tools[0].function must be an object {\"name\", \"description\", \"parameters\"}, found "
+       "nothing"},
+      {R"(,"tools":[{"type":"retrieval","function":{"name":"f"}}])", "tools[0].type",
+       "tools[0].type must be \"function\" (the only tool type served), found string "
+       "\"retrieval\""},
+      {R"(,"tools":[{"type":"function","function":{"name":""}}])", "tools[0].function.name",
+       "tools[0].function.name must be a non-empty string, found string \"\""},
+      {R"(,"tools":[{"type":"function","function":{"name":"a b"}}])", "tools[0].function.name",
+       "tools[0].function.name must not contain whitespace, '<' or '>' (the model writes it "
+       "inside <function=...>), found string \"a b\""},
+      {R"(,"tools":[{"type":"function","function":{"name":"f"}},)"
+       R"({"type":"function","function":{"name":"f"}}])",
+       "tools[1].function.name", "tools[1].function.name string \"f\" is declared twice"},
+      {R"(,"tools":[{"type":"function","function":{"name":"f","parameters":[]}}])",
+       "tools[0].function.parameters",
+       "tools[0].function.parameters must be a JSON schema object, found array []"},
+      {R"(,"parallel_tool_calls":"no")", "parallel_tool_calls",
+       "parallel_tool_calls must be true, false or null, found string \"no\""},
+      {R"(,"reasoning_budget":-1)", "reasoning_budget",
+       "reasoning_budget must be a non-negative integer, found number -1"},
+      {R"(,"chat_template_kwargs":{"preserve_thinking":1})",
+       "chat_template_kwargs.preserve_thinking",
+       "chat_template_kwargs.preserve_thinking must be true, false or null, found number 1"},
       {R"(,"functions":"f")", "functions", "functions must be an array, found string \"f\""},
       {R"(,"function_call":"required")", "function_call",
        "function_call must be \"none\", \"auto\" or an object, found string \"required\""},
@@ -604,13 +628,14 @@ TEST(OpenAiRequest, IgnoredFieldsAreListedInByteOrderAndChangeNothing) {
   const ChatRequest r = parse(body_with(
       R"(,"user":"u-1","metadata":{"a":"b"},"store":false,"service_tier":"auto",)"
       R"("parallel_tool_calls":false,"zeta":1,"min_tokens":3,"Temperature":9,"top_a":null,)"
-      R"("chat_template_kwargs":{"enable_thinking":false,"preserve_thinking":true,"x":null},)"
+      R"("chat_template_kwargs":{"enable_thinking":false,"clear_thinking":true,"x":null},)"
       R"("stream_options":{"continuous_usage_stats":true})"));
   EXPECT_EQ(
       r.ignored_fields,
-      (std::vector<std::string>{"Temperature", "chat_template_kwargs.preserve_thinking", "metadata",
-                                "min_tokens", "parallel_tool_calls", "service_tier", "store",
+      (std::vector<std::string>{"Temperature", "chat_template_kwargs.clear_thinking", "metadata",
+                                "min_tokens", "service_tier", "store",
                                 "stream_options.continuous_usage_stats", "user", "zeta"}));
+  EXPECT_FALSE(r.parallel_tool_calls);
   EXPECT_FALSE(r.sampling.any());
   EXPECT_EQ(render_request_prompt(r), render_request_prompt(parse(body_with(""))));
   // user may be an object (Open WebUI); nulls are absent.
@@ -626,8 +651,6 @@ TEST(OpenAiRequest, IgnoredFieldsWithTheWrongType) {
       {R"(,"metadata":"x")", "metadata", "metadata must be an object, found string \"x\""},
       {R"(,"store":"yes")", "store", "store must be true, false or null, found string \"yes\""},
       {R"(,"service_tier":1)", "service_tier", "service_tier must be a string, found number 1"},
-      {R"(,"parallel_tool_calls":"no")", "parallel_tool_calls",
-       "parallel_tool_calls must be true, false or null, found string \"no\""},
   };
   for (const auto& [extra, param, message] : cases) {
     expect_error(body_with(extra), param, std::string(kParse) + message);
@@ -649,8 +672,8 @@ TEST(OpenAiRequest, AcceptedMessageFields) {
   const ChatRequest b = parse(with_messages(extras));
   EXPECT_EQ(render_request_prompt(b), render_request_prompt(a));
   EXPECT_EQ(b.ignored_fields,
-            (std::vector<std::string>{"messages[].annotations", "messages[].name",
-                                      "messages[].reasoning", "messages[].reasoning_content"}));
+            (std::vector<std::string>{"messages[].annotations", "messages[].name"}));
+  EXPECT_EQ(b.messages[2].reasoning_content, "because");
 }
 
 TEST(OpenAiRequest, AssistantContentNullOrAbsentRendersEmpty) {
@@ -699,8 +722,8 @@ TEST(OpenAiRequest, MessageFieldTypes) {
       std::string(kParse) + "messages[0].reasoning must be a string or null, found number 1");
   expect_error(with_messages(R"([{"role":"User","content":"x"}])"), "messages[0].role",
                std::string(kParse) +
-                   "messages[0].role must be \"system\", \"user\" or \"assistant\", found string "
-                   "\"User\"");
+                   "messages[0].role must be \"system\", \"developer\", \"user\", \"assistant\" "
+                   "or \"tool\", found string \"User\"");
   expect_error(with_messages(R"([{"content":"x"}])"), "messages[0].role",
                std::string(kParse) + "messages[0]: missing field \"role\"");
   expect_error(with_messages(R"(["x"])"), "messages[0]",
@@ -712,33 +735,152 @@ TEST(OpenAiRequest, MessageFieldTypes) {
           "messages must be a JSON array of {\"role\", \"content\"} objects, found number 5");
 }
 
-TEST(OpenAiRequest, ToolRolesAndFieldsAreRefusedByName) {
+TEST(OpenAiRequest, ToolHistoryIsParsed) {
+  const ChatRequest r = parse(with_messages(
+      R"([{"role":"developer","content":"be brief"},{"role":"user","content":"x"},)"
+      R"({"role":"assistant","content":null,"reasoning":"think","tool_calls":[)"
+      R"({"id":"call_1","type":"function","function":{"name":"f","arguments":"{\"b\":1,\"a\":[2,3]}"}},)"
+      R"({"id":"call_2","type":"function","function":{"name":"g","arguments":""}}]},)"
+      R"({"role":"tool","tool_call_id":"call_1","content":[{"type":"text","text":"r1"}]},)"
+      R"({"role":"tool","tool_call_id":"call_2","content":"r2"}])"));
+  ASSERT_EQ(r.messages.size(), 5u);
+  EXPECT_EQ(r.messages[0].role, ChatRole::system);
+  EXPECT_EQ(r.messages[0].content, "be brief");
+  const ChatMessage& a = r.messages[2];
+  EXPECT_EQ(a.role, ChatRole::assistant);
+  EXPECT_EQ(a.content, "");
+  EXPECT_EQ(a.reasoning_content, "think");
+  ASSERT_EQ(a.tool_calls.size(), 2u);
+  EXPECT_EQ(a.tool_calls[0].id, "call_1");
+  EXPECT_EQ(a.tool_calls[0].name, "f");
+  EXPECT_EQ(a.tool_calls[0].arguments.dump(), R"({"b":1,"a":[2,3]})") << "the client's key order";
+  EXPECT_EQ(a.tool_calls[1].arguments.dump(), "{}") << "empty arguments: no parameters";
+  EXPECT_EQ(r.messages[3].role, ChatRole::tool);
+  EXPECT_EQ(r.messages[3].tool_call_id, "call_1");
+  EXPECT_EQ(r.messages[3].content, "r1");
+  EXPECT_EQ(r.messages[4].content, "r2");
+  // reasoning_content wins over reasoning when both are given.
+  const ChatRequest both = parse(with_messages(
+      R"([{"role":"user","content":"x"},{"role":"assistant","content":"y","reasoning":"r",)"
+      R"("reasoning_content":"rc"},{"role":"user","content":"z"}])"));
+  EXPECT_EQ(both.messages[1].reasoning_content, "rc");
+}
+
+TEST(OpenAiRequest, ToolHistoryErrorsNameTheField) {
+  const std::string user = R"({"role":"user","content":"x"},)";
+  auto call = [](const std::string& arguments) {
+    return R"({"role":"assistant","content":null,"tool_calls":[{"id":"c","type":"function",)"
+           R"("function":{"name":"f","arguments":)" + arguments + "}}]}";
+  };
   const std::vector<std::tuple<std::string, const char*, const char*>> cases = {
-      {R"([{"role":"user","content":"x"},{"role":"tool","content":"r","tool_call_id":"c"},)"
-       R"({"role":"user","content":"y"}])",
-       "messages[1].role", "messages[1].role \"tool\" is not supported yet"},
-      {R"([{"role":"developer","content":"be brief"},{"role":"user","content":"y"}])",
-       "messages[0].role", "messages[0].role \"developer\" is not supported yet"},
-      {R"([{"role":"function","name":"f","content":"1"},{"role":"user","content":"y"}])",
-       "messages[0].role", "messages[0].role \"function\" is not supported yet"},
-      {R"([{"role":"user","content":"x"},{"role":"assistant","content":null,"tool_calls":)"
-       R"([{"id":"c","type":"function","function":{"name":"f","arguments":"{}"}}]},)"
-       R"({"role":"user","content":"y"}])",
-       "messages[1].tool_calls", "messages[1].tool_calls is not supported yet"},
-      {R"([{"role":"user","content":"x","tool_call_id":"c"}])", "messages[0].tool_call_id",
-       "messages[0].tool_call_id is not supported yet"},
-      {R"([{"role":"assistant","content":null,"function_call":{"name":"f","arguments":"{}"}},)"
-       R"({"role":"user","content":"y"}])",
-       "messages[0].function_call", "messages[0].function_call is not supported yet"},
-      // The first message with a refusal wins; within it, the role first.
-      {R"([{"role":"user","content":"x","tool_call_id":"c"},{"role":"tool","content":"r"}])",
-       "messages[0].tool_call_id", "messages[0].tool_call_id is not supported yet"},
-      {R"([{"role":"tool","content":"r","tool_call_id":"c"},{"role":"user","content":"y"}])",
-       "messages[0].role", "messages[0].role \"tool\" is not supported yet"},
+      {"[" + user + call(R"("[1]")") + "]", "messages[1].tool_calls[0].function.arguments",
+       "messages[1].tool_calls[0].function.arguments must encode a JSON object, found array [1]"},
+      {"[" + user + call("5") + "]", "messages[1].tool_calls[0].function.arguments",
+       "messages[1].tool_calls[0].function.arguments must be a string (a JSON object), found "
+       "number 5"},
+      {"[" + user + R"({"role":"assistant","tool_calls":[{"function":{"arguments":"{}"}}]}])",
+       "messages[1].tool_calls[0].function.name",
+       "messages[1].tool_calls[0].function.name must be a non-empty string, found nothing"},
+      {"[" + user + R"({"role":"assistant","tool_calls":{}}])", "messages[1].tool_calls",
+       "messages[1].tool_calls must be an array, found object {}"},
+      {"[" + user + R"({"role":"tool","content":"r","tool_call_id":5}])",
+       "messages[1].tool_call_id", "messages[1].tool_call_id must be a string, found number 5"},
   };
   for (const auto& [messages, param, message] : cases) {
+    expect_error(with_messages(messages), param, std::string(kParse) + message);
+  }
+  // Not JSON at all: the JSON parser's own words follow.
+  const ApiError bad = error_of(with_messages("[" + user + call(R"("{\"a\":")") + "]"));
+  EXPECT_EQ(bad.param, "messages[1].tool_calls[0].function.arguments");
+  EXPECT_EQ(bad.message.rfind(std::string(kParse) +
+                                  "messages[1].tool_calls[0].function.arguments must be a JSON "
+                                  "object encoded as a string: ",
+                              0),
+            0u)
+      << bad.message;
+  // Step 3 refusals: calls on a user message, the deprecated function role and function_call.
+  const std::vector<std::tuple<std::string, const char*, const char*>> refused = {
+      {R"([{"role":"user","content":"x","tool_calls":[{"id":"c","type":"function",)"
+       R"("function":{"name":"f","arguments":"{}"}}]}])",
+       "messages[0].tool_calls", "messages[0].tool_calls: only assistant messages carry tool calls"},
+      {R"([{"role":"function","name":"f","content":"1"},{"role":"user","content":"y"}])",
+       "messages[0].role",
+       "messages[0].role \"function\" (send role \"tool\") is not supported yet"},
+      {R"([{"role":"assistant","content":null,"function_call":{"name":"f","arguments":"{}"}},)"
+       R"({"role":"user","content":"y"}])",
+       "messages[0].function_call", "messages[0].function_call (send tool_calls) is not supported yet"},
+  };
+  for (const auto& [messages, param, message] : refused) {
     expect_error(with_messages(messages), param, message);
   }
+}
+
+TEST(OpenAiRequest, ToolsAndToolChoice) {
+  const std::string tools =
+      R"(,"tools":[{"type":"function","function":{"name":"get_weather","description":"d",)"
+      R"("parameters":{"type":"object","properties":{"z":{"type":"string"},"a":{"type":"integer"}}}}},)"
+      R"({"type":"function","function":{"name":"ping"}}])";
+  const ChatRequest r = parse(body_with(tools));
+  ASSERT_EQ(r.tools.size(), 2u);
+  EXPECT_EQ(r.tools[0].dump(),
+            R"({"type":"function","function":{"name":"get_weather","description":"d",)"
+            R"("parameters":{"type":"object","properties":{"z":{"type":"string"},"a":{"type":"integer"}}}}})")
+      << "kept as sent, key order included";
+  EXPECT_EQ(r.tool_choice, ToolChoice::automatic) << "auto is the default with tools";
+  EXPECT_TRUE(r.parallel_tool_calls);
+  EXPECT_EQ(parse(body_with("")).tool_choice, ToolChoice::none);
+  EXPECT_EQ(parse(body_with(R"(,"tool_choice":"auto")")).tool_choice, ToolChoice::none)
+      << "auto without tools: nothing to call";
+  EXPECT_EQ(parse(body_with(tools + R"(,"tool_choice":"none")")).tool_choice, ToolChoice::none);
+  EXPECT_EQ(parse(body_with(tools + R"(,"tool_choice":"required")")).tool_choice,
+            ToolChoice::required);
+  const ChatRequest named =
+      parse(body_with(tools + R"(,"tool_choice":{"type":"function","function":{"name":"ping"}})"));
+  EXPECT_EQ(named.tool_choice, ToolChoice::named);
+  EXPECT_EQ(named.tool_choice_name, "ping");
+  EXPECT_FALSE(parse(body_with(tools + R"(,"parallel_tool_calls":false)")).parallel_tool_calls);
+  expect_error(body_with(tools + R"(,"tool_choice":{"type":"function","function":{"name":"x"}})"),
+               "tool_choice",
+               "tool_choice names the function \"x\", which is not among the tools");
+  expect_error(body_with(R"(,"tool_choice":"required")"), "tool_choice",
+               "tool_choice \"required\" needs tools");
+  // Tools reach the prompt (their schema, in the tools system block).
+  const std::string prompt = render_request_prompt(r);
+  EXPECT_NE(prompt.find(R"({"type": "function", "function": {"name": "get_weather")"),
+            std::string::npos)
+      << prompt;
+}
+
+TEST(OpenAiRequest, ThinkingFields) {
+  EXPECT_EQ(parse(body_with("")).thinking, std::nullopt);
+  EXPECT_EQ(parse(body_with(R"(,"chat_template_kwargs":{"enable_thinking":true})")).thinking, true);
+  EXPECT_EQ(parse(body_with(R"(,"chat_template_kwargs":{"enable_thinking":false})")).thinking,
+            false);
+  EXPECT_EQ(parse(body_with(R"(,"enable_thinking":true)")).thinking, true);
+  for (const char* effort : {"low", "medium", "high", "xhigh"}) {
+    EXPECT_EQ(parse(body_with(std::string(R"(,"reasoning_effort":")") + effort + "\"")).thinking,
+              true)
+        << effort;
+  }
+  for (const char* effort : {"none", "minimal"}) {
+    EXPECT_EQ(parse(body_with(std::string(R"(,"reasoning_effort":")") + effort + "\"")).thinking,
+              false)
+        << effort;
+  }
+  EXPECT_EQ(parse(body_with(R"(,"reasoning_effort":"high","chat_template_kwargs":)"
+                            R"({"enable_thinking":false})"))
+                .thinking,
+            false)
+      << "enable_thinking wins";
+  EXPECT_TRUE(
+      parse(body_with(R"(,"chat_template_kwargs":{"preserve_thinking":true})")).preserve_thinking);
+  EXPECT_EQ(parse(body_with(R"(,"reasoning_budget":100)")).reasoning_budget, 100);
+  EXPECT_EQ(parse(body_with(R"(,"thinking_budget":0)")).reasoning_budget, 0);
+  EXPECT_EQ(parse(body_with("")).reasoning_budget, std::nullopt);
+  // Thinking on renders the template's open think block; off, the closed one.
+  const ChatRequest r = parse(body_with(""));
+  EXPECT_TRUE(render_request_prompt(r, true).ends_with("<|im_start|>assistant\n<think>\n"));
+  EXPECT_TRUE(render_request_prompt(r, false).ends_with("<think>\n\n</think>\n\n"));
 }
 
 // ---- content parts -----------------------------------------------------------------------
@@ -857,13 +999,17 @@ TEST(OpenAiValidationOrder, FirstFailureWins) {
   // Unknown fields never fail: the wrong model is reported.
   EXPECT_EQ(error_of(gpt + kHi + R"(,"foo":1})").param, "model");
   // 2 (model) before 3 (unsupported features), including unsupported roles and parts.
-  EXPECT_EQ(error_of(gpt + kHi + R"(,"tools":[{}]})").param, "model");
-  EXPECT_EQ(error_of(gpt + R"([{"role":"tool","content":"x"}]})").param, "model");
+  EXPECT_EQ(error_of(gpt + kHi + R"(,"functions":[{"name":"f"}]})").param, "model");
+  EXPECT_EQ(error_of(gpt + R"([{"role":"function","content":"x"}]})").param, "model");
+  // A malformed tool is a type error (1f), before the model.
+  EXPECT_EQ(error_of(gpt + kHi + R"(,"tools":[{}]})").param, "tools[0].type");
   EXPECT_EQ(
       error_of(gpt + R"([{"role":"user","content":[{"type":"image_url","image_url":{}}]}]})").param,
       "model");
   // A malformed message (1f) before an unsupported top-level feature (3).
-  EXPECT_EQ(error_of(with_messages(R"([{"role":"user","content":5}])", R"(,"tools":[{}])")).param,
+  EXPECT_EQ(error_of(with_messages(R"([{"role":"user","content":5}])",
+                                   R"(,"functions":[{"name":"f"}])"))
+                .param,
             "messages[0].content");
   // A type error anywhere (1f) before an image part (3).
   EXPECT_EQ(error_of(with_messages(R"([{"role":"user","content":[{"type":"image_url"}]}])",
@@ -871,16 +1017,20 @@ TEST(OpenAiValidationOrder, FirstFailureWins) {
                 .param,
             "temperature");
   // Within 3: messages first, then n, best_of, tools, ... in declaration order.
-  EXPECT_EQ(
-      error_of(with_messages(R"([{"role":"tool","content":"x"}])", R"(,"n":2,"tools":[{}])")).param,
-      "messages[0].role");
-  EXPECT_EQ(error_of(body_with(R"(,"tools":[{}],"n":2)")).param, "n");
-  EXPECT_EQ(error_of(body_with(R"(,"tools":[{}],"reasoning_effort":"high")")).param, "tools");
+  EXPECT_EQ(error_of(with_messages(R"([{"role":"function","content":"x"}])",
+                                   R"(,"n":2,"functions":[{"name":"f"}])"))
+                .param,
+            "messages[0].role");
+  EXPECT_EQ(error_of(body_with(R"(,"functions":[{"name":"f"}],"n":2)")).param, "n");
+  EXPECT_EQ(error_of(body_with(R"(,"functions":[{"name":"f"}],"audio":{})")).param, "functions");
+  // tool_choice against the tools comes after the other step-3 refusals.
+  EXPECT_EQ(error_of(body_with(R"(,"tool_choice":"required","audio":{})")).param, "audio");
   // 3 before 4 (empty messages) and 5 (final role).
   EXPECT_EQ(error_of(with_messages("[]", R"(,"n":2)")).param, "n");
-  EXPECT_EQ(
-      error_of(with_messages(R"([{"role":"assistant","content":"x"}])", R"(,"tools":[{}])")).param,
-      "tools");
+  EXPECT_EQ(error_of(with_messages(R"([{"role":"assistant","content":"x"}])",
+                                   R"(,"functions":[{"name":"f"}])"))
+                .param,
+            "functions");
   // 4 and 5 before 6 (max_tokens alias conflict and zero, then the logprobs rule).
   EXPECT_EQ(error_of(with_messages("[]", R"(,"max_tokens":1,"max_completion_tokens":2)")).message,
             "messages must not be empty");
