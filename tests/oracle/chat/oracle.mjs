@@ -15,13 +15,9 @@
 // message rules (role, content type, exact fields) or the JSON reading reject the line,
 // else the engine's rendering of the template after Lily's nothink history rewrite, or an
 // error carrying the template's raise_exception() text when the template raises.
-import { spawnSync } from "node:child_process";
 import fs from "node:fs";
-import path from "node:path";
-import { fileURLToPath } from "node:url";
 
-const here = path.dirname(fileURLToPath(import.meta.url));
-const HF_VERSION = "0.5.11";
+import { EMPTY_THINK, esc, fail, hfEngine, jinja2Engine, judge, makeRng, runLily } from "./common.mjs";
 
 // ---- arguments ---------------------------------------------------------------------------
 
@@ -40,30 +36,8 @@ function parseArgs(argv) {
   return opts;
 }
 
-function fail(message, code = 1) {
-  console.error(`chat oracle: FAIL: ${message}`);
-  process.exit(code);
-}
-
 // ---- seeded generator --------------------------------------------------------------------
 
-// mulberry32: small, deterministic on every Node version.
-function makeRng(seed) {
-  let a = seed >>> 0;
-  const next = () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-  next.int = (n) => Math.floor(next() * n);
-  next.pick = (list) => list[next.int(list.length)];
-  next.chance = (p) => next() < p;
-  return next;
-}
-
-const EMPTY_THINK = "<think>\n\n</think>\n\n";
 // Whitespace every engine trims the same way (Python str.strip, JS String.trim, Rust trim).
 const WS_COMMON = [" ", "  ", "\t", "\n", "\n\n", "\r\n", "\v", "\f", "\u00a0", "\u2003", "\u3000", "\u2028", "\u202f"];
 // Whitespace the engines disagree on: Python strips U+001C..U+001F and U+0085, JS strips U+FEFF.
@@ -246,7 +220,7 @@ const LILY_ERRORS = [
   ['[{"role":"user","content":"q"},{"role":"assistant","content":"x","reasoning_content":"r"}]', 'messages[1]: unknown field "reasoning_content"'],
   ['[{"role":"assistant","content":"","tool_calls":[]},{"role":"user","content":"q"}]', 'messages[0]: unknown field "tool_calls"'],
   ['["user"]', "messages[0] must be an object"],
-  ['{"role":"user","content":"x"}', "must be a JSON array"],
+  ['{"role":"user","content":"x"}', 'missing field "messages"'],  // an object line is a conversation
   ['"hello"', "must be a JSON array"],
   ["null", "must be a JSON array"],
   ["", "not valid JSON"],
@@ -286,53 +260,6 @@ const DIVERGENCES = [
     jinja2: { raised: "No user query found in messages." } },
 ];
 
-// ---- engines -------------------------------------------------------------------------------
-
-async function hfEngine(templateText) {
-  let jinja;
-  try {
-    jinja = await import("@huggingface/jinja");
-  } catch (error) {
-    fail(`@huggingface/jinja is not installed (${error.code ?? error.message}).\n` +
-      `  Run: bash tests/oracle/chat/install.sh   (npm ci into tests/oracle/chat/node_modules)`);
-  }
-  const pkg = JSON.parse(fs.readFileSync(path.join(here, "node_modules/@huggingface/jinja/package.json"), "utf8"));
-  if (pkg.version !== HF_VERSION) fail(`@huggingface/jinja is ${pkg.version}, expected ${HF_VERSION}; run tests/oracle/chat/install.sh`);
-  const template = new jinja.Template(templateText);
-  return {
-    name: `@huggingface/jinja ${pkg.version}`,
-    renderAll(list) {
-      return list.map((messages) => {
-        try {
-          return { prompt: template.render({ messages, tools: [], add_generation_prompt: true, enable_thinking: false }) };
-        } catch (error) {
-          return { raised: error.message };
-        }
-      });
-    },
-  };
-}
-
-function jinja2Engine(templatePath, python) {
-  const script = path.join(here, "render_jinja2.py");
-  return {
-    name: "Python jinja2",
-    renderAll(list) {
-      const input = list.map((messages) => JSON.stringify({ messages }) + "\n").join("");
-      const run = spawnSync(python, [script, "--template", templatePath], { input, maxBuffer: 1 << 30 });
-      if (run.error) fail(`cannot run ${python}: ${run.error.message}`);
-      if (run.status === 77) {
-        console.log(`chat oracle: SKIPPED: ${run.stderr.toString().trim()}`);
-        process.exit(77);
-      }
-      if (run.status !== 0) fail(`render_jinja2.py exited ${run.status}: ${run.stderr}`);
-      const lines = run.stdout.toString("utf8").split("\n").filter((l) => l !== "");
-      this.name = JSON.parse(lines[0]).engine;
-      return lines.slice(1).map((l) => JSON.parse(l));
-    },
-  };
-}
-
 // How many seeded conversations reach each template branch (shows the generator is not idle).
 function coverage(conversations) {
   const n = { system: 0, rewritten: 0, alreadyBlock: 0, afterLastUser: 0, thinkSplit: 0, toolResponseUser: 0,
@@ -355,21 +282,6 @@ function coverage(conversations) {
     if (has((x) => /^\s|\s$/u.test(x.content))) n.edgeWhitespace++;
   }
   return Object.entries(n).map(([k, v]) => `${k} ${v}`).join(", ");
-}
-
-// ---- comparison ----------------------------------------------------------------------------
-
-const esc = (text) => JSON.stringify(text);
-
-function describeDiff(expected, actual) {
-  let i = 0;
-  while (i < expected.length && i < actual.length && expected[i] === actual[i]) i++;
-  const from = Math.max(0, i - 40);
-  return [
-    `      first difference at UTF-16 offset ${i} (expected length ${expected.length}, got ${actual.length})`,
-    `      expected …${esc(expected.slice(from, i + 40))}…`,
-    `      lily     …${esc(actual.slice(from, i + 40))}…`,
-  ].join("\n");
 }
 
 function main() {
@@ -410,7 +322,7 @@ function main() {
         const rule = lilyRule(c.messages);
         if (rule) { c.expectRule = rule; continue; }
         c.renderIndex = toRender.length;
-        toRender.push(historyRewrite(c.messages));
+        toRender.push({ messages: historyRewrite(c.messages) });
       }
     }
     const rendered = engine.renderAll(toRender);
@@ -418,24 +330,14 @@ function main() {
     for (const c of cases) if (c.renderIndex !== undefined) c.engine = rendered[c.renderIndex];
 
     // Run lily once over all lines.
-    const input = Buffer.concat(cases.flatMap((c) => [c.line, Buffer.from("\n")]));
-    const run = spawnSync(opts.lily, ["render-chat"], { input, maxBuffer: 1 << 30 });
-    if (run.error) fail(`cannot run ${opts.lily}: ${run.error.message}`);
-    if (run.status !== 0) fail(`lily render-chat exited ${run.status}; stderr: ${run.stderr}`);
-    if (run.stderr.length !== 0) fail(`lily render-chat wrote to stderr: ${run.stderr}`);
-    const out = run.stdout.toString("utf8").split("\n");
-    if (out.pop() !== "") fail("lily's output does not end with a newline");
-    if (out.length !== cases.length) fail(`lily answered ${out.length} lines for ${cases.length} input lines`);
+    const out = runLily(opts.lily, cases.map((c) => c.line));
 
     const counts = {};
     const bump = (key) => { counts[key] = (counts[key] ?? 0) + 1; };
     const mismatches = [];
     cases.forEach((c, i) => {
-      let got;
-      try { got = JSON.parse(out[i]); } catch { mismatches.push({ c, why: `not JSON: ${out[i]}` }); return; }
-      const gotError = got !== null && typeof got === "object" ? got.error : undefined;
       // What lily must answer: the engine's answer, except for divergences (Jinja2's answer).
-      let want = c.engine;
+      let want = c.expectRule !== undefined ? { rule: c.expectRule } : c.engine;
       if (c.kind === "divergence") {
         if (opts.engine === "hf") {
           const same = JSON.stringify(c.engine) === JSON.stringify(c.divergence.jinja2);
@@ -447,21 +349,9 @@ function main() {
         }
         want = c.divergence.jinja2;
       }
-      if (c.expectRule) {
-        if (typeof gotError !== "string") mismatches.push({ c, why: `expected an error containing ${esc(c.expectRule)} (Lily's message rules), lily rendered ${out[i]}` });
-        else if (!gotError.includes(c.expectRule)) mismatches.push({ c, why: `error text ${esc(gotError)} lacks ${esc(c.expectRule)}` });
-        else bump("lily-rule errors agree");
-        return;
-      }
-      if (want.raised !== undefined) {
-        if (typeof gotError !== "string") mismatches.push({ c, why: `template raised ${esc(want.raised)}, lily rendered ${out[i]}` });
-        else if (!gotError.includes(`chat template: ${want.raised}`)) mismatches.push({ c, why: `template raised ${esc(want.raised)}, lily's error is ${esc(gotError)}` });
-        else bump(`template errors agree (${c.kind})`);
-        return;
-      }
-      if (typeof got !== "string") { mismatches.push({ c, why: `template rendered, lily answered ${out[i]}` }); return; }
-      if (got !== want.prompt) { mismatches.push({ c, why: "rendering differs\n" + describeDiff(want.prompt, got) }); return; }
-      bump(`renderings byte-identical (${c.kind})`);
+      const [key, why] = judge(out[i], want);
+      if (key === null) mismatches.push({ c, why });
+      else bump(key === "lily-rule errors agree" ? key : `${key} (${c.kind})`);
     });
 
     const randomRendered = cases.filter((c) => c.kind === "random" && c.engine && c.engine.prompt !== undefined).length;
