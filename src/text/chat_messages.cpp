@@ -1,6 +1,6 @@
 // Parsing OpenAI-shaped chat input (messages, tools, chat_template_kwargs) into chat types.
 //
-// The shapes are OpenAI's Chat Completions request types; docs/chat-format.md §6 lists what is
+// The shapes are OpenAI's Chat Completions request types; docs/chat-format.md §2 lists what is
 // accepted. Every error names the field by its JSON path.
 #include "text/chat_messages.h"
 

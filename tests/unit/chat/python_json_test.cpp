@@ -70,6 +70,15 @@ TEST(PythonJsonDumps, NumbersAsPythonReadsThemFromJsonText) {
   EXPECT_EQ(python_json_dumps(OrderedJson(std::nan(""))), "NaN");
 }
 
+// Where reading numbers with nlohmann departs from Python's json.loads (docs/chat-format.md §5):
+// pinned so that a change is noticed and the documentation updated.
+TEST(PythonJsonDumps, DocumentedLimitsOfReadingNumbers) {
+  // Python keeps the integer exactly (100000000000000000000); nlohmann reads it as a double.
+  EXPECT_EQ(dumps_text("100000000000000000000"), "1e+20");
+  // Python reads 1e400 as inf (json.dumps: Infinity); nlohmann refuses it.
+  EXPECT_THROW(dumps_text("1e400"), InputError);
+}
+
 TEST(PythonJsonDumps, StringEscapes) {
   // ensure_ascii=False: only '"', '\\' and U+0000-U+001F are escaped; '/', DEL, U+2028 and
   // every non-ASCII character are written as they are.
