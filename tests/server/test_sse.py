@@ -753,15 +753,16 @@ class FieldTests(SseTest):
         tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
         image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
         cases = [
-            ({"tools": [tool]}, '"tools" is not supported yet', "tools"),
+            ({"functions": [{"name": "f"}]}, '"functions" is not supported yet', "functions"),
             ({"response_format": {"type": "json_object"}},
              '"response_format" of type "json_object" is not supported yet', "response_format"),
             ({"response_format": {"type": "json_schema",
                                   "json_schema": {"name": "x", "schema": {"type": "object"}}}},
              '"response_format" of type "json_schema" is not supported yet', "response_format"),
             ({"n": 2}, "n > 1 is not supported", "n"),
-            ({"tool_choice": "required"}, '"tool_choice": "required" is not supported yet',
-             "tool_choice"),
+            ({"tool_choice": "required"}, 'tool_choice "required" needs tools', "tool_choice"),
+            ({"tools": [tool], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+             'tool_choice names the function "g", which is not among the tools', "tool_choice"),
             ({"messages": [{"role": "user", "content": [{"type": "text", "text": "look"}, image]}]},
              "messages[0].content[1]: image inputs are not supported", "messages[0].content[1]"),
         ]

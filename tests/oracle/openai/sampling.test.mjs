@@ -206,7 +206,7 @@ describe('sampling, stop and logprobs through the OpenAI client (tiny seed-1 che
 
   it('features that would change the answer are refused by name (BadRequestError)', TEST, async () => {
     const cases = [
-      [{ tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object', properties: {} } } }] }, 'tools', '"tools" is not supported yet'],
+      [{ functions: [{ name: 'f', parameters: { type: 'object', properties: {} } }] }, 'functions', '"functions" is not supported yet'],
       [{ response_format: { type: 'json_object' } }, 'response_format', '"response_format" of type "json_object" is not supported yet'],
       [{ n: 2 }, 'n', 'n > 1 is not supported'],
       [{ messages: [{ role: 'user', content: [{ type: 'text', text: 'What is this?' }, { type: 'image_url', image_url: { url: 'https://example.com/x.png' } }] }] },
