@@ -237,7 +237,16 @@ void ApiHandler::chat_completion(HttpRequest request, Responder respond) {
     shape.parallel_tool_calls = chat.parallel_tool_calls;
     const std::string prompt_text = render_request_prompt(chat, shape.thinking);
     const std::vector<int32_t> ids = encode(prompt_text);
-    const uint64_t max_tokens = checked_max_tokens(ids.size(), chat.max_tokens, model_.max_seq);
+    // Strict mode refuses a budget that does not fit (Lily). Openai mode clamps it to what fits
+    // after the prompt (the answer then ends with finish_reason "length"), as llama.cpp does:
+    // agents send large fixed budgets (Qwen Code: 64000) whatever the server's max_seq.
+    uint64_t max_tokens = 0;
+    if (mode == ApiMode::strict) {
+      max_tokens = checked_max_tokens(ids.size(), chat.max_tokens, model_.max_seq);
+    } else {
+      checked_max_tokens(ids.size(), 1, model_.max_seq);  // the prompt and one token must fit
+      max_tokens = std::min<uint64_t>(chat.max_tokens, model_.max_seq - ids.size() - 1);
+    }
 
     EngineRequest job;
     job.prompt = ids;
