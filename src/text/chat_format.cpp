@@ -417,11 +417,14 @@ std::string_view chat_generation_prompt(bool enable_thinking) {
 
 std::string render_chat(const std::vector<ChatMessage>& messages,
                         const std::vector<OrderedJson>& tools, const ChatPromptOptions& options) {
-  const ChatTemplateOptions template_options{.add_generation_prompt = true,
-                                             .enable_thinking = options.enable_thinking,
-                                             .preserve_thinking = options.preserve_thinking};
   // Thinking enabled: the checkpoint's own rendering. Disabled: Lily's rewrite first, so that
-  // every earlier turn carries the empty block its generation prompt ended with.
+  // every earlier turn carries the empty block its generation prompt ended with; there
+  // preserve_thinking is moot (the rewrite emptied every reasoning it would keep) and is not
+  // passed on, which would give the rewritten turns a second, template-made empty block.
+  const ChatTemplateOptions template_options{
+      .add_generation_prompt = true,
+      .enable_thinking = options.enable_thinking,
+      .preserve_thinking = options.enable_thinking && options.preserve_thinking};
   if (options.enable_thinking) return render_chat_template(messages, tools, template_options);
   return render_chat_template(nothink_history_rewrite(messages), tools, template_options);
 }

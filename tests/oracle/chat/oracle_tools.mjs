@@ -341,7 +341,8 @@ function templateCase({ object, calls, undefinedThinking }) {
   const kwargs = {};
   if (!thinking) kwargs.enable_thinking = false;
   else if (!undefinedThinking) kwargs.enable_thinking = true;
-  if (typeof kw.preserve_thinking === "boolean") kwargs.preserve_thinking = kw.preserve_thinking;
+  // Thinking off: lily does not pass preserve_thinking on (the rewrite emptied what it keeps).
+  if (thinking && typeof kw.preserve_thinking === "boolean") kwargs.preserve_thinking = kw.preserve_thinking;
   return toText({ messages, tools: object.tools ?? [], kwargs });
 }
 

@@ -216,14 +216,14 @@ TEST(ChatTools, EarlierReasoningAndPreserveThinking) {
             "<|im_end|>\n<|im_start|>user\nq2<|im_end|>\n" +
                 std::string(kGenThinking));
   // Thinking off: the rewrite replaces the reasoning by "" and puts the empty block into the
-  // content; with preserve_thinking the template adds its own (empty) block in front.
+  // content; preserve_thinking is then moot and not passed on (one block, not two).
   EXPECT_EQ(with(R"({"enable_thinking": false})"),
             "<|im_start|>user\nq1<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nA1"
             "<|im_end|>\n<|im_start|>user\nq2<|im_end|>\n" +
                 std::string(kGen));
   EXPECT_EQ(with(R"({"preserve_thinking": true})"),
-            "<|im_start|>user\nq1<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n"
-            "<think>\n\n</think>\n\nA1<|im_end|>\n<|im_start|>user\nq2<|im_end|>\n" +
+            "<|im_start|>user\nq1<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nA1"
+            "<|im_end|>\n<|im_start|>user\nq2<|im_end|>\n" +
                 std::string(kGen));
 }
 
