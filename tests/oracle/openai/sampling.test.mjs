@@ -186,7 +186,7 @@ describe('sampling, stop and logprobs through the OpenAI client (tiny seed-1 che
     });
     assert.equal(contentOf(c), goldenText);
     const line = await server.waitForLine(/^POST \/v1\/chat\/completions 200 /, from);
-    assert.match(line, / ignored="metadata,parallel_tool_calls,store,user"$/);
+    assert.match(line, / ignored="metadata,store,user"$/);  // parallel_tool_calls is used (issue 16)
     // Open WebUI's object-valued user, through the client's body override.
     const obj = await client.chat.completions.create(CHESS_32, { body: { ...CHESS_32, user: { id: 'u', name: 'n', role: 'user' } } });
     assert.equal(contentOf(obj), goldenText);
