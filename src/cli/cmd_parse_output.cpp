@@ -18,6 +18,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/line_protocol.h"
 #include "core/error.h"
 #include "core/strict_json.h"
 #include "text/output_parser.h"
@@ -30,24 +31,6 @@ namespace {
 constexpr int kLineDepth = 4;  // a line is one string
 constexpr int kToolsDepth = 64;
 constexpr uint64_t kMaxToolsBytes = uint64_t{16} << 20;
-constexpr size_t kMaxLineBytes = size_t{64} << 20;
-
-bool read_line(FILE* in, std::string& line, bool& too_long) {
-  line.clear();
-  too_long = false;
-  bool any = false;
-  for (;;) {
-    const int c = std::getc(in);
-    if (c == EOF) return any;
-    any = true;
-    if (c == '\n') return true;
-    if (line.size() < kMaxLineBytes) {
-      line.push_back(static_cast<char>(c));
-    } else {
-      too_long = true;
-    }
-  }
-}
 
 std::vector<ToolSpec> read_tools(const std::string& path) {
   std::error_code ec;
@@ -175,20 +158,10 @@ int cmd_parse_output(const std::vector<std::string>& argv) {
     options.config.tools = read_tools(*tools);
     options.config.tool_calls = true;
   }
-  std::string line;
-  bool too_long = false;
-  size_t line_number = 0;
-  while (read_line(stdin, line, too_long)) {
-    ++line_number;
-    std::string reply = parse_line(options, line, line_number, too_long);
-    reply.push_back('\n');
-    if (std::fwrite(reply.data(), 1, reply.size(), stdout) != reply.size() || std::fflush(stdout) != 0) {
-      std::fputs("internal error: parse-output: writing to stdout failed\n", stderr);
-      return 1;
-    }
-  }
-  if (std::ferror(stdin)) throw InputError("parse-output: reading stdin failed");
-  return 0;
+  return run_line_protocol("parse-output", [&options](const std::string& line, size_t number,
+                                                       bool too_long) {
+    return parse_line(options, line, number, too_long);
+  });
 }
 
 }  // namespace lily

@@ -13,6 +13,7 @@
 
 #include "cli/args.h"
 #include "cli/commands.h"
+#include "cli/line_protocol.h"
 #include "core/error.h"
 #include "core/strict_json.h"
 #include "text/chat_format.h"
@@ -22,31 +23,8 @@ namespace lily {
 
 namespace {
 
-// A messages array nests two levels, an object line with tool schemas and call arguments a
-// dozen at most; this only bounds work.
-constexpr int kMaxJsonDepth = 16;
-// One line (one conversation) may be at most this long; the rest of a longer line is skipped.
-constexpr size_t kMaxLineBytes = size_t{64} << 20;
-
-// Reads one line (without its '\n') from `in` into `line`; returns false at end of input with
-// nothing read. Sets `too_long` (and drops the rest of the line) past kMaxLineBytes.
-bool read_line(FILE* in, std::string& line, bool& too_long) {
-  line.clear();
-  too_long = false;
-  bool any = false;
-  for (;;) {
-    const int c = std::getc(in);
-    if (c == EOF) return any;
-    any = true;
-    if (c == '\n') return true;
-    if (line.size() < kMaxLineBytes) {
-      line.push_back(static_cast<char>(c));
-    } else {
-      too_long = true;
-    }
-  }
-}
-
+// The server's openai-mode cap: tool schemas and call arguments nest deeply.
+constexpr int kMaxJsonDepth = 64;
 std::string render_line(const std::string& line, size_t line_number, bool too_long) {
   const std::string where = "line " + std::to_string(line_number);
   try {
@@ -74,22 +52,7 @@ std::string render_line(const std::string& line, size_t line_number, bool too_lo
 
 int cmd_render_chat(const std::vector<std::string>& argv) {
   const Args args(argv, {});  // no options: anything on the command line is a usage error
-  std::string line;
-  bool too_long = false;
-  size_t line_number = 0;
-  while (read_line(stdin, line, too_long)) {
-    ++line_number;
-    std::string reply = render_line(line, line_number, too_long);
-    reply.push_back('\n');
-    // One answer per line, flushed, so a client can also talk to it line by line.
-    if (std::fwrite(reply.data(), 1, reply.size(), stdout) != reply.size() ||
-        std::fflush(stdout) != 0) {
-      std::fputs("internal error: render-chat: writing to stdout failed\n", stderr);
-      return 1;
-    }
-  }
-  if (std::ferror(stdin)) throw InputError("render-chat: reading stdin failed");
-  return 0;
+  return run_line_protocol("render-chat", render_line);
 }
 
 }  // namespace lily

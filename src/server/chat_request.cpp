@@ -309,7 +309,7 @@ std::string parse_content_parts(const Json& parts, const std::string& at,
     const auto type_it = part.find("type");
     if (type_it == part.end()) throw parse_error(pat + ": missing field \"type\"", pat + ".type");
     const std::string type = type_it->is_string() ? type_it->get<std::string>() : std::string();
-    const auto refuse = [&](const char* kind) {
+    const auto refuse = [&](const std::string& kind) {
       refuse_once(refusal, bad_request(pat + ": " + kind + " inputs are not supported", pat));
     };
     if (type == "text") {
@@ -337,14 +337,8 @@ std::string parse_content_parts(const Json& parts, const std::string& at,
           text += text_it->get_ref<const std::string&>();  // T30-31
           break;
       }
-    } else if (type == "image_url" || type == "image" || type == "input_image") {
-      refuse("image");
-    } else if (type == "input_audio" || type == "audio") {
-      refuse("audio");
-    } else if (type == "video_url" || type == "video" || type == "input_video") {
-      refuse("video");
-    } else if (type == "file" || type == "input_file") {
-      refuse("file");
+    } else if (const std::string_view media = media_part_kind(type); !media.empty()) {
+      refuse(std::string(media));
     } else if (type == "refusal") {
       // An assistant refusal part has no "text": the template raises "Unexpected item type".
       refuse_once(refusal,
@@ -360,6 +354,17 @@ std::string parse_content_parts(const Json& parts, const std::string& at,
     }
   }
   return text;
+}
+
+// `<at>.function.name`: a non-empty string (of a history call or a declared tool).
+const Json& require_function_name(const Json& function, const std::string& at) {
+  const Json* name = given(function, "name");
+  if (!name || !name->is_string() || name->get_ref<const std::string&>().empty()) {
+    throw parse_error(at + ".function.name must be a non-empty string, found " +
+                          (name ? describe(*name) : std::string("nothing")),
+                      at + ".function.name");
+  }
+  return *name;
 }
 
 // One assistant tool call {"id", "type": "function", "function": {"name", "arguments"}}: the
@@ -388,13 +393,7 @@ ChatToolCall parse_history_tool_call(const Json& call, const OrderedJson* ordere
                           (function ? describe(*function) : std::string("nothing")),
                       at + ".function");
   }
-  const Json* name = given(*function, "name");
-  if (!name || !name->is_string() || name->get_ref<const std::string&>().empty()) {
-    throw parse_error(at + ".function.name must be a non-empty string, found " +
-                          (name ? describe(*name) : std::string("nothing")),
-                      at + ".function.name");
-  }
-  out.name = name->get<std::string>();
+  out.name = require_function_name(*function, at).get<std::string>();
   const std::string aat = at + ".function.arguments";
   // Without the ordered form (not expected: the caller reads it whenever calls are present),
   // the sorted one still gives the right object, in byte order.
@@ -701,12 +700,7 @@ std::vector<OrderedJson> parse_tools(const Json& tools, const OrderedJson* order
                             (function ? describe(*function) : std::string("nothing")),
                         at + ".function");
     }
-    const Json* name = given(*function, "name");
-    if (!name || !name->is_string() || name->get_ref<const std::string&>().empty()) {
-      throw parse_error(at + ".function.name must be a non-empty string, found " +
-                            (name ? describe(*name) : std::string("nothing")),
-                        at + ".function.name");
-    }
+    const Json* name = &require_function_name(*function, at);
     const std::string& text = name->get_ref<const std::string&>();
     if (text.find_first_of("<>\n\r\t ") != std::string::npos) {
       throw parse_error(at + ".function.name must not contain whitespace, '<' or '>' (the model "

@@ -409,6 +409,14 @@ std::string render_chat_template(const std::vector<ChatMessage>& messages,
   return render_chat_template(messages, {}, options);
 }
 
+std::string_view media_part_kind(std::string_view type) {
+  if (type == "image_url" || type == "image" || type == "input_image") return "image";
+  if (type == "input_audio" || type == "audio") return "audio";
+  if (type == "video_url" || type == "video" || type == "input_video") return "video";
+  if (type == "file" || type == "input_file") return "file";
+  return "";
+}
+
 std::string_view chat_generation_prompt(bool enable_thinking) {
   // T148-153: `enable_thinking is defined and enable_thinking is false` closes an empty block.
   return enable_thinking ? "<|im_start|>assistant\n<think>\n"

@@ -74,6 +74,12 @@ std::vector<ChatMessage> parse_chat_messages(const Json& messages, std::string_v
 // array content as the concatenation of its text parts' `text` and refuses the rest.
 enum class ContentPartKind { image, video, text, unexpected };
 ContentPartKind template_content_part_kind(const Json& part);
+
+// The media an OpenAI content part's `type` names: "image" (image_url, image, input_image),
+// "audio" (input_audio, audio), "video" (video_url, video, input_video), "file" (file,
+// input_file); "" for any other type. Such parts are refused by name ("image inputs are not
+// supported"): the server serves text only.
+std::string_view media_part_kind(std::string_view type);
 ContentPartKind template_content_part_kind(const OrderedJson& part);
 
 // The HTTP API's extra rules (lily-reference §6.3 steps 4–5, widened for agent loops): at least

@@ -52,7 +52,7 @@ std::string parse_content_parts(const OrderedJson& parts, const std::string& at)
     const auto type_it = part.find("type");
     if (type_it == part.end()) fail(pat + ": missing field \"type\"", pat + ".type");
     const std::string type = type_it->is_string() ? type_it->get<std::string>() : std::string();
-    const auto refuse = [&](const char* kind) {
+    const auto refuse = [&](const std::string& kind) {
       fail(pat + ": " + kind + " inputs are not supported", pat);
     };
     if (type == "text") {
@@ -68,14 +68,8 @@ std::string parse_content_parts(const OrderedJson& parts, const std::string& at)
       if (kind == ContentPartKind::image) refuse("image");
       if (kind == ContentPartKind::video) refuse("video");
       text += *part_text;
-    } else if (type == "image_url" || type == "image" || type == "input_image") {
-      refuse("image");
-    } else if (type == "input_audio" || type == "audio") {
-      refuse("audio");
-    } else if (type == "video_url" || type == "video" || type == "input_video") {
-      refuse("video");
-    } else if (type == "file" || type == "input_file") {
-      refuse("file");
+    } else if (const std::string_view media = media_part_kind(type); !media.empty()) {
+      refuse(std::string(media));
     } else {
       fail(pat +
                ".type must be \"text\" (image, audio, video and file parts are not supported), "

@@ -228,7 +228,7 @@ const LILY_ERRORS = [
   ['[{"role":"user","content":"x"}', "not valid JSON"],
   ['[{"role":"user","content":"x"}] []', "not valid JSON"],
   ['[{"role":"user","content":"a","content":"b"}]', 'duplicate key "content"'],
-  ["[".repeat(40) + "]".repeat(40), "JSON nesting deeper than"],
+  ["[".repeat(70) + "]".repeat(70), "JSON nesting deeper than"],
   [Buffer.from('[{"role":"user","content":"\xff\xfe"}]', "latin1"), "not valid JSON"],
   [Buffer.from('[{"role":"user","content":"\xed\xa0\x80"}]', "latin1"), "not valid JSON"],
   ['[{"role":"user","content":"\\ud800"}]', "not valid JSON"],

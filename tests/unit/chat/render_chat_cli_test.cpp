@@ -79,7 +79,8 @@ TEST(RenderChatCli, OneAnswerPerLineAndErrorsDoNotStopProcessing) {
       "[{\"role\":\"tool\",\"content\":\"x\"}]\n"
       "[{\"role\":\"user\",\"content\":\"a\",\"content\":\"b\"}]\n"
       "[{\"role\":\"user\",\"content\":\"\xff\"}]\n"
-      "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n"
+      "[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[["
+      "]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]\n"
       "{\"role\":\"user\",\"content\":\"x\"}\n"
       "[{\"role\":\"user\",\"content\":\"crlf\"}]\r\n"
       "[{\"role\":\"user\",\"content\":\"q\"},{\"role\":\"assistant\",\"content\":\"a\"}]";
@@ -104,7 +105,7 @@ TEST(RenderChatCli, OneAnswerPerLineAndErrorsDoNotStopProcessing) {
   EXPECT_NE(error_text(run.lines[5]).find("messages[0].role must be"), std::string::npos);
   EXPECT_EQ(error_text(run.lines[6]), "line 7: duplicate key \"content\"");
   EXPECT_EQ(error_text(run.lines[7]).rfind("line 8: not valid JSON: ", 0), 0u);
-  EXPECT_EQ(error_text(run.lines[8]), "line 9: JSON nesting deeper than 16 levels");
+  EXPECT_EQ(error_text(run.lines[8]), "line 9: JSON nesting deeper than 64 levels");
   // An object line is an OpenAI-shaped conversation: without "messages" it is refused.
   EXPECT_EQ(error_text(run.lines[9]).rfind("missing field \"messages\"", 0), 0u) << run.lines[9];
   EXPECT_EQ(parse(run.lines[10]).get<std::string>(),
