@@ -17,7 +17,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build=${FUZZ_BUILD_DIR:-$root/build-fuzz}
 seconds=${FUZZ_SECONDS:-20}
 jobs=${FUZZ_JOBS:-2}
-read -r -a targets <<<"${FUZZ_TARGETS:-fuzz_safetensors_header fuzz_safetensors_index fuzz_model_config fuzz_chat_request}"
+read -r -a targets <<<"${FUZZ_TARGETS:-fuzz_safetensors_header fuzz_safetensors_index fuzz_model_config fuzz_chat_request fuzz_output_parser}"
 
 echo "== configure and build ($build)"
 mkdir -p "$build"
@@ -36,12 +36,14 @@ declare -A seeds=(
   [fuzz_safetensors_header]=header
   [fuzz_safetensors_index]=index
   [fuzz_model_config]=config
-  [fuzz_chat_request]=chat)
+  [fuzz_chat_request]=chat
+  [fuzz_output_parser]=output)
 declare -A dicts=(
   [fuzz_safetensors_header]=safetensors_header.dict
   [fuzz_safetensors_index]=safetensors_index.dict
   [fuzz_model_config]=model_config.dict
-  [fuzz_chat_request]=chat_request.dict)
+  [fuzz_chat_request]=chat_request.dict
+  [fuzz_output_parser]=output_parser.dict)
 
 failed=0
 summary=()

@@ -89,6 +89,20 @@ constexpr const char* kChatSeeds[] = {
     R"({"model":"gpt-4o","messages":[],"max_tokens":0,"max_completion_tokens":1,"top_logprobs":1})",
 };
 
+// Generated texts for fuzz_output_parser: the first byte is the configuration (1 thinking,
+// 2 tool calls, 4 truncated), the rest the text; every marker and failure case nearby.
+constexpr const char* kOutputSeeds[] = {
+    ("\x03Let me see.\n</think>\n\nSure.\n\n<tool_call>\n<function=f>\n<parameter=s>\nx\n"
+     "</parameter>\n<parameter=i>\n5\n</parameter>\n<parameter=o>\n{\"a\": [1]}\n</parameter>\n"
+     "</function>\n</tool_call>\n<tool_call>\n<function=g>\n</function>\n</tool_call>"),
+    ("\x02<tool_call>\n<function=f>\n<parameter=t>\nnull\n</parameter>\n</parameter>\n"
+     "<parameter=u>\ntrue\n</function>"),
+    "\x06text <tool_call>\n<function=f>\n<parameter=n>\n1.5",
+    "\x01<think>\nhidden <tool_call>\n<function=g>\n</function>\n</tool_call> more",
+    "\x08plain content, no markers </think> <tool_call>",
+    "\x02<tool_call>\n<function=bad name>\n</function>\n</tool_call>\n<function=f>",
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -105,11 +119,14 @@ int main(int argc, char** argv) {
   options.out_dir = ckpt.string();
   lily::make_checkpoint(options);
 
-  for (const char* corpus : {"header", "index", "config", "chat"}) {
+  for (const char* corpus : {"header", "index", "config", "chat", "output"}) {
     fs::create_directories(out / corpus);
   }
   for (size_t i = 0; i < std::size(kChatSeeds); ++i) {
     write_file(out / "chat" / ("body-" + std::to_string(i) + ".json"), kChatSeeds[i]);
+  }
+  for (size_t i = 0; i < std::size(kOutputSeeds); ++i) {
+    write_file(out / "output" / ("text-" + std::to_string(i)), kOutputSeeds[i]);
   }
   // config.json: the tiny file as written, and the production shape's text.
   write_file(out / "config" / "tiny.json", read_file(ckpt / "config.json"));
