@@ -6,7 +6,7 @@
 // (content null when there are tool calls and no content; reasoning_content only with
 // --thinking; tool_calls only when there are some), or with --deltas a JSON array of the
 // streamed deltas in OpenAI's delta shape, the text fed one code point at a time. The text
-// is taken as ended by the model (EOS), not cut by max_tokens. A bad line gives
+// is taken as ended by the model (EOS), not cut by max_tokens (--truncated: cut). A bad line gives
 // {"error": "line N: ..."} and processing goes on; the exit code is 0 once stdin is read.
 // Usage errors and a bad --tools file exit 2 before any line is read.
 #include <algorithm>
@@ -108,6 +108,7 @@ OrderedJson delta_json(const OutputDelta& delta) {
 struct Options {
   OutputParserConfig config;
   bool deltas = false;
+  bool truncated = false;  // the texts were cut by max_tokens
 };
 
 std::string parse_line(const Options& options, const std::string& line, size_t line_number, bool too_long) {
@@ -120,7 +121,7 @@ std::string parse_line(const Options& options, const std::string& line, size_t l
     OutputParser parser(options.config, {});
     if (!options.deltas) {
       parser.feed(text);
-      parser.finish(false);
+      parser.finish(options.truncated);
       return dump(message_json(parser.output(), options.config.starts_in_reasoning));
     }
     OrderedJson deltas = OrderedJson::array();
@@ -133,7 +134,7 @@ std::string parse_line(const Options& options, const std::string& line, size_t l
       add(parser.feed(std::string_view(text).substr(i, length)));
       i += length;
     }
-    add(parser.finish(false));
+    add(parser.finish(options.truncated));
     return dump(deltas);
   } catch (const InputError& error) {
     OrderedJson reply = OrderedJson::object();
@@ -149,11 +150,15 @@ int cmd_parse_output(const std::vector<std::string>& argv) {
       {"tools", true, "an OpenAI `tools` JSON array (file); enables tool-call parsing"},
       {"thinking", false, "the text starts inside the reasoning (the prompt ended with <think>)"},
       {"deltas", false, "print the streamed deltas instead of the message"},
+      {"truncated", false,
+       "the texts were cut by max_tokens: an unfinished call stays text (default: ended by the "
+       "model, an unfinished call is closed)"},
   };
   const Args args(argv, spec);
   Options options;
   options.config.starts_in_reasoning = args.has("thinking");
   options.deltas = args.has("deltas");
+  options.truncated = args.has("truncated");
   if (const auto tools = args.get("tools")) {
     options.config.tools = read_tools(*tools);
     options.config.tool_calls = true;

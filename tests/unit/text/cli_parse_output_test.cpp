@@ -90,6 +90,20 @@ TEST(CliParseOutput, Messages) {
   EXPECT_EQ(run.lines[3], R"({"role":"assistant","content":"a</think>b"})");  // thinking off
 }
 
+// An unfinished call: closed with what was parsed when the model ended the text (EOS), text
+// again when max_tokens cut it (--truncated).
+TEST(CliParseOutput, TruncatedKeepsAnUnfinishedCallAsText) {
+  const std::string cut = "Checking.\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nRo";
+  const CliRun ended = lily_parse_output(tools_arg(), line(cut));
+  ASSERT_EQ(ended.lines.size(), 1u) << ended.err;
+  EXPECT_EQ(without_ids(ended.lines[0]),
+            R"({"role":"assistant","content":"Checking.","tool_calls":[{"id":"ID","type":"function",)"
+            R"("function":{"name":"get_weather","arguments":"{\"city\": \"Ro\"}"}}]})");
+  const CliRun truncated = lily_parse_output(tools_arg() + " --truncated", line(cut));
+  ASSERT_EQ(truncated.lines.size(), 1u) << truncated.err;
+  EXPECT_EQ(truncated.lines[0], R"({"role":"assistant","content":)" + Json(cut).dump() + "}");
+}
+
 TEST(CliParseOutput, ThinkingAndNoTools) {
   const CliRun run = lily_parse_output("--thinking", line("Hmm.\n</think>\n\nHi") + line("cut off") + line(kCall));
   EXPECT_EQ(run.exit_code, 0) << run.err;
