@@ -71,6 +71,8 @@ void ApiHandler::set_ready(ServingModel model) {
     config_.limits.token_id_count = model_.tokenizer->id_count();
     const std::vector<int32_t> think_end = encode("</think>");
     if (think_end.size() == 1) think_end_token_ = think_end[0];
+    const std::vector<int32_t> tool_call = encode("<tool_call>");
+    if (tool_call.size() == 1) tool_call_token_ = tool_call[0];
   }
   phase_.store(ServerPhase::ready, std::memory_order_release);
 }
@@ -189,9 +191,24 @@ SequenceConfig ApiHandler::sequence_config(const ChatRequest& chat, uint64_t max
   // the checkpoint's recommended sampling unless the server set its own defaults.
   const bool recommended =
       thinking && !sets_sampling(chat.sampling) && !model_.sampling_defaults.any();
-  config.sampling = resolve_sampling(
-      chat.sampling, recommended ? model_.thinking_sampling : model_.sampling_defaults,
-      random_seed());
+  const SamplingDefaults& defaults =
+      recommended ? model_.thinking_sampling : model_.sampling_defaults;
+  SamplingFields fields = chat.sampling;
+  if (chat.tool_choice == ToolChoice::none && !chat.tools.empty() && tool_call_token_ >= 0) {
+    // tool_choice "none" with tools in the prompt: the model must not open a call, so its
+    // opening token is banned (a bias of -100, the API's floor) rather than only left unparsed.
+    // A request that would have decoded greedily stays greedy: temperature 0 with the bias.
+    if (!sets_sampling(fields) && !defaults.any()) fields.temperature = 0.0;
+    const auto id = static_cast<uint32_t>(tool_call_token_);
+    auto& bias = fields.logit_bias;
+    const auto at = std::lower_bound(bias.begin(), bias.end(), std::make_pair(id, -1e9f));
+    if (at != bias.end() && at->first == id) {
+      at->second = -100.0f;
+    } else if (bias.size() < static_cast<size_t>(kMaxLogitBias)) {
+      bias.insert(at, {id, -100.0f});
+    }
+  }
+  config.sampling = resolve_sampling(fields, defaults, random_seed());
 
   ForcingPlan& plan = config.forcing;
   if (thinking) {

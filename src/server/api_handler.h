@@ -86,6 +86,7 @@ class ApiHandler : public HttpHandler {
   ServingModel model_;  // written before phase_ becomes ready (release), read after (acquire)
   CompletionIdGenerator ids_;
   int32_t think_end_token_ = -1;  // `</think>`, when the tokenizer has it as one token
+  int32_t tool_call_token_ = -1;  // `<tool_call>`, likewise (banned by tool_choice "none")
 };
 
 // The finish_reason of an answer: the engine's "length" or "stop", the latter "tool_calls"

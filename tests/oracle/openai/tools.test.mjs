@@ -151,6 +151,28 @@ describe('thinking and tool calls through the openai client', () => {
     assert.equal(c.choices[0].message.content, CALL_TEXT);
   });
 
+  it('tool_choice none bans the call opening while decoding; auto does not', TEST, async () => {
+    // A bias of +100 makes <tool_call> the model's choice at every step, unless it is banned.
+    const body = {
+      model: MODEL_ID, max_tokens: 4, temperature: 0, tools: [WEATHER_TOOL],
+      logit_bias: { [tok.tokenToId('<tool_call>')]: 100 },
+      messages: [{ role: 'user', content: 'Say anything.' }],
+    };
+    const auto = await client.chat.completions.create(body);
+    assert.equal(auto.choices[0].message.content, '<tool_call>'.repeat(4), 'auto: the biased token wins');
+    for (const extra of [{ tool_choice: 'none' }, { tool_choice: 'none', temperature: 0.8, seed: 3 }]) {
+      const none = await client.chat.completions.create({ ...body, ...extra });
+      assert.ok(!none.choices[0].message.content.includes('<tool_call>'), JSON.stringify(none.choices[0].message));
+      assert.equal(none.choices[0].message.tool_calls, undefined);
+    }
+    // Without the request's own bias or sampling fields, none is the greedy decode but for the
+    // ban (tool_choice does not change the prompt): the same answer as auto's greedy one.
+    const { logit_bias: _drop, temperature: _t, ...plain } = body;
+    const greedy = await client.chat.completions.create({ ...plain, max_tokens: 12 });
+    const banned = await client.chat.completions.create({ ...plain, max_tokens: 12, tool_choice: 'none' });
+    assert.equal(banned.choices[0].message.content, greedy.choices[0].message.content);
+  });
+
   it('runTools: the client calls our function with the parsed arguments, sends the result, and gets the answer', TEST, async () => {
     const seen = [];
     const runner = client.chat.completions.runTools({
