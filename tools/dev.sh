@@ -10,7 +10,7 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 build_dir=${LILY_BUILD_DIR:-$root/build}
 jobs=$(nproc)
 
-apt_packages=(build-essential cmake pkg-config git python3 python3-jinja2
+apt_packages=(build-essential cmake pkg-config git python3 python3-prometheus-client python3-jinja2
   nlohmann-json3-dev libutf8proc-dev libboost1.81-dev libgtest-dev libgmock-dev libbenchmark-dev
   clang libclang-rt-14-dev)
 

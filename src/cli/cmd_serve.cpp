@@ -2,6 +2,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
@@ -108,6 +109,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
       {"test-script", true,
        "TEST ONLY: a JSON file of rules forcing scripted answers (docs/server.md)"},
   };
+  const auto started = std::chrono::steady_clock::now();  // for /metrics' model load time
   const Args args(argv, spec);
   check_device_option(args);
   const uint64_t cli_max_seq = args.uint_or("max-seq", 4096, 1, 262144);
@@ -185,6 +187,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
   limits.max_stream_buffer_bytes =
       static_cast<size_t>(args.uint_or("stream-buffer", 1048576, 1024, uint64_t{1} << 32));
   HttpServer server(handler, limits, write_log_line);
+  server.set_observer([&handler](std::string_view path, int status, double seconds) {
+    handler.metrics().observe_request(path, status, seconds);
+  });
+  handler.set_in_flight_source([&server] { return static_cast<uint64_t>(server.in_flight()); });
 
   // Bind first (a taken port fails before any loading), then load while /health says so.
   server.bind(bind_address);
@@ -283,8 +289,11 @@ int cmd_serve(const std::vector<std::string>& argv) {
                cache_snapshots, static_cast<double>(snapshot_bytes) / kMiB);
   Engine engine(model, cache, queue, &tokenizer);
   serving.tokenizer = &tokenizer;
+  serving.backend = backend.get();
   serving.engine = &engine;
   serving.max_seq = max_seq;
+  handler.metrics().set_model_load_seconds(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   handler.set_ready(std::move(serving));
   std::fprintf(stderr,
                "serving %s on %s (%s backend, %d threads, max_seq %llu, queue %llu, %s API, "

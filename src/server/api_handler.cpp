@@ -22,6 +22,7 @@ namespace {
 constexpr std::string_view kHealthPath = "/health";
 constexpr std::string_view kModelsPath = "/v1/models";
 constexpr std::string_view kChatPath = "/v1/chat/completions";
+constexpr std::string_view kMetricsPath = "/metrics";
 
 // Status for a request whose client went away before its response (nginx's convention).
 // Nobody receives it; it shows up in the log line.
@@ -82,7 +83,7 @@ void ApiHandler::set_stopping() { phase_.store(ServerPhase::stopping, std::memor
 std::optional<HttpResponse> ApiHandler::screen(const HttpRequestHead& head) {
   const std::string_view path = head.path;
   std::string_view allowed;
-  if (path == kHealthPath || path == kModelsPath) {
+  if (path == kHealthPath || path == kModelsPath || path == kMetricsPath) {
     allowed = "GET";
   } else if (path == kChatPath) {
     allowed = "POST";
@@ -128,6 +129,17 @@ void ApiHandler::handle(HttpRequest request, Responder respond) {
   }
   if (path == kModelsPath) {
     return respond(json_response(200, models_response_json(config_.limits.model_id, 0)));
+  }
+  if (path == kMetricsPath) {
+    MetricsGauges gauges;
+    if (phase() != ServerPhase::loading) {  // the model is read only once ready
+      if (model_.engine != nullptr) gauges.queue_depth = model_.engine->queued();
+      if (model_.backend != nullptr) gauges.device_memory_bytes = model_.backend->allocated_bytes();
+    }
+    if (in_flight_) gauges.in_flight = in_flight_();
+    HttpResponse response = json_response(200, metrics_.render(gauges));
+    response.headers = {{"Content-Type", "text/plain; version=0.0.4; charset=utf-8"}};
+    return respond(std::move(response));
   }
   chat_completion(std::move(request), std::move(respond));
 }
@@ -267,6 +279,31 @@ void ApiHandler::chat_completion(HttpRequest request, Responder respond) {
 
     EngineRequest job;
     job.prompt = ids;
+    // Token timing for /metrics: time to first token and the gaps between tokens (inference
+    // thread only).
+    struct TokenTiming {
+      std::chrono::steady_clock::time_point first, last;
+      bool any = false;
+    };
+    auto timing = std::make_shared<TokenTiming>();
+    job.on_token = [this, timing](int32_t) {
+      const auto now = std::chrono::steady_clock::now();
+      if (timing->any) {
+        metrics_.observe_inter_token(std::chrono::duration<double>(now - timing->last).count());
+      } else {
+        timing->first = now;
+        timing->any = true;
+      }
+      timing->last = now;
+    };
+    const auto received = request.received;
+    auto observe = [this, timing, received](const EngineResult& result) {
+      if (!result.ok() || result.finish_reason == "cancelled" || !timing->any) return;
+      metrics_.observe_completion(
+          static_cast<uint64_t>(result.prompt_tokens), static_cast<uint64_t>(result.cached_tokens),
+          static_cast<uint64_t>(result.completion_tokens),
+          std::chrono::duration<double>(timing->first - received).count(), result.decode_seconds);
+    };
     job.sequence = sequence_config(chat, max_tokens, shape.thinking);
     if (mode == ApiMode::openai) {
       // Where the prompt ends before the generation prompt: the next turn's prompt shares
@@ -294,13 +331,15 @@ void ApiHandler::chat_completion(HttpRequest request, Responder respond) {
                                                   shape, shared_request->post,
                                                   shared_request->received);
       job.on_delta = [stream](SequenceDelta delta) { stream->on_delta(std::move(delta)); };
-      job.on_complete = [stream, log_extra](EngineResult result) {
+      job.on_complete = [stream, log_extra, observe](EngineResult result) {
+        observe(result);
         stream->on_complete(std::move(result), log_extra);
       };
     } else {
       // The JSON is built on the connection's strand, not on the inference thread.
-      job.on_complete = [this, respond, shared_request, mode, logprobs, shape,
-                         log_extra](EngineResult result) {
+      job.on_complete = [this, respond, shared_request, mode, logprobs, shape, log_extra,
+                         observe](EngineResult result) {
+        observe(result);
         auto build = [this, respond, shared_request, mode, logprobs, shape, log_extra,
                       result = std::move(result)] {
           HttpResponse response;

@@ -3,12 +3,14 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <unordered_set>
 
 #include "engine/engine.h"
 #include "server/http_server.h"
+#include "server/metrics.h"
 #include "server/openai_types.h"
 #include "server/sampling_config.h"
 #include "server/test_script.h"
@@ -43,6 +45,7 @@ struct ServingModel {
   SamplingDefaults thinking_sampling;
   // Test only (--test-script): requests whose last message matches a rule get its output.
   std::vector<TestScriptRule> test_script;
+  const Backend* backend = nullptr;  // for /metrics' device memory (may be null)
 };
 
 // What the output of one chat request is parsed for (openai mode), fixed at admission.
@@ -52,8 +55,8 @@ struct AnswerShape {
   bool parallel_tool_calls = true;  // false: only the first call is kept
 };
 
-// Routes (docs/api.md): GET /health, GET /v1/models, POST /v1/chat/completions; 404 for other
-// paths, 405 for another method on a known path. Chat requests are parsed, validated,
+// Routes (docs/api.md): GET /health, GET /v1/models, GET /metrics (Prometheus text),
+// POST /v1/chat/completions; 404 for other paths, 405 for another method on a known path. Chat requests are parsed, validated,
 // rendered and tokenised on the calling (HTTP) thread, then queued on the engine; the
 // response is built when the engine hands back the result.
 class ApiHandler : public HttpHandler {
@@ -65,6 +68,12 @@ class ApiHandler : public HttpHandler {
   // -> stopping: /health answers 503 {"status":"stopping"}, new completions 503.
   void set_stopping();
   ServerPhase phase() const { return phase_.load(std::memory_order_acquire); }
+  // The process's metrics (observe requests into it from the transport: HttpServer's
+  // observer). `in_flight` reads the transport's count for /metrics; set it before serving.
+  ServerMetrics& metrics() { return metrics_; }
+  void set_in_flight_source(std::function<uint64_t()> in_flight) {
+    in_flight_ = std::move(in_flight);
+  }
 
   std::optional<HttpResponse> screen(const HttpRequestHead& head) override;
   void handle(HttpRequest request, Responder respond) override;
@@ -85,6 +94,8 @@ class ApiHandler : public HttpHandler {
   std::atomic<ServerPhase> phase_{ServerPhase::loading};
   ServingModel model_;  // written before phase_ becomes ready (release), read after (acquire)
   CompletionIdGenerator ids_;
+  ServerMetrics metrics_;
+  std::function<uint64_t()> in_flight_;
   int32_t think_end_token_ = -1;  // `</think>`, when the tokenizer has it as one token
   int32_t tool_call_token_ = -1;  // `<tool_call>`, likewise (banned by tool_choice "none")
 };

@@ -361,6 +361,10 @@ class HttpServer::Connection : public std::enable_shared_from_this<Connection> {
       server_.logger_(method_ + " " + path_ + " " + std::to_string(status) + " " +
                       std::to_string(ms) + "ms" + detail);
     }
+    if (server_.observer_ && method_ != "-") {
+      server_.observer_(path_, status,
+                        std::chrono::duration<double>(Clock::now() - received_).count());
+    }
   }
 
   void on_written(error_code ec, bool was_awaiting) {

@@ -141,6 +141,9 @@ class HttpHandler {
 
 // Writes one log line ("METHOD PATH STATUS <ms>ms<detail>") per answered request.
 using RequestLogger = std::function<void(const std::string& line)>;
+// Told of every answered request as it is logged: its path, status and seconds from its first
+// byte to its last response byte (e.g. for metrics). Must be thread-safe and cheap.
+using RequestObserver = std::function<void(std::string_view path, int status, double seconds)>;
 
 // The listener and its I/O threads. Connections are keep-alive HTTP/1.1 (and 1.0), with
 // TCP_NODELAY; each is served on its own strand. While a request waits for its response, and
@@ -173,6 +176,10 @@ class HttpServer {
   void join();
 
   bool stopping() const { return stopping_.load(std::memory_order_acquire); }
+  // Before start(): also report every answered request to `observer`.
+  void set_observer(RequestObserver observer) { observer_ = std::move(observer); }
+  // Requests handed to the handler whose response (or stream) is not completely written.
+  size_t in_flight() const { return awaiting_response_.load(std::memory_order_acquire); }
   size_t open_connections() const { return connections_.load(std::memory_order_relaxed); }
 
  private:
@@ -185,6 +192,7 @@ class HttpServer {
   HttpHandler& handler_;
   HttpLimits limits_;
   RequestLogger logger_;
+  RequestObserver observer_;
   // Declared before io_: connections still queued in io_ when it is destroyed update them.
   std::atomic<bool> stopping_{false};
   std::atomic<size_t> connections_{0};

@@ -159,16 +159,18 @@ class RawConnection:
             raise AssertionError(f"chunk of {size} bytes not followed by CRLF")
         return data
 
-    def read_response(self, head_request: bool = False) -> Response:
+    def read_response(self, head_request: bool = False,
+                      content_type: str = "application/json") -> Response:
         """Reads one final response (skipping and recording interim 1xx responses)."""
         response = self.read_head()
         head, status = response.raw_head, response.status
         # Every final response of this server that is not a stream is JSON (docs/api.md: "All
-        # JSON bodies are compact UTF-8"), errors included: checked here so that no test can
-        # forget it. Streams are read with EventStream.
+        # JSON bodies are compact UTF-8"), errors included, but for /metrics' 200 (Prometheus
+        # text, `content_type` given): checked here so that no test can forget it. Streams are
+        # read with EventStream.
         if response.header_count("Content-Type") != 1 or \
-                response.header("Content-Type") != "application/json":
-            raise AssertionError(f"response without exactly one Content-Type: application/json: "
+                response.header("Content-Type") != content_type:
+            raise AssertionError(f"response without exactly one Content-Type: {content_type}: "
                                  f"{head!r}")
         if head_request or status in (204, 304):
             return response
@@ -551,11 +553,12 @@ class LilyServer:
         assert self.port is not None
         return RawConnection(self.port, timeout=timeout)
 
-    def exchange(self, data: bytes, timeout: float = 30.0) -> Response:
+    def exchange(self, data: bytes, timeout: float = 30.0,
+                 content_type: str = "application/json") -> Response:
         """Sends one request on a fresh connection and reads one response."""
         with self.connect(timeout) as conn:
             conn.send(data)
-            return conn.read_response()
+            return conn.read_response(content_type=content_type)
 
     def chat(self, body: bytes, timeout: float = 60.0, headers=None) -> Response:
         return self.exchange(request_bytes("POST", CHAT_PATH, body, headers=headers), timeout)
