@@ -40,7 +40,7 @@ void CompletionStream::start(std::shared_ptr<ResponseStream> stream) {
     early.swap(early_);
   }
   // The role chunk goes out at once: clients see the answer begin instead of waiting for the
-  // prefill (keep-alive comments break some clients, openai-clients.md §2).
+  // prefill (keep-alive comments break some clients, docs/clients.md).
   stream_->write(sse_frame(chunk_role_json(context_)));
   for (std::string& frame : early) stream_->write(std::move(frame));
 }

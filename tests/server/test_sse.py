@@ -9,7 +9,7 @@ runs them in parallel): stream, text, fields, cancel. `--group all` runs everyth
 Streams are read byte by byte by the hand-written HTTP/1.1 parser of lily_server_harness.py
 (`EventStream`): every HTTP chunk must be exactly one `data: ...\\n\\n` event, every event
 strict compact JSON (or `[DONE]`, last). The expected shapes are OpenAI's wire format
-(../shared/reference/openai-clients.md §2) and docs/api.md "Streaming"; expected texts come
+(docs/clients.md) and docs/api.md "Streaming"; expected texts come
 from the server's own non-streamed answers (a stream must say exactly the same) and from the
 token bytes of its logprobs (HF's ByteLevel decoding: the bytes joined, invalid sequences
 replaced, special tokens skipped).
@@ -256,7 +256,7 @@ class SseTest(unittest.TestCase):
 
     # --- the wire format
     def check_stream(self, result: StreamResult, include_usage: bool, logprobs: bool):
-        """OpenAI's chunk sequence, exactly (openai-clients.md §2, docs/api.md Streaming)."""
+        """OpenAI's chunk sequence, exactly (docs/clients.md, docs/api.md Streaming)."""
         head = result.response
         self.assertEqual(head.header("Cache-Control"), "no-cache")
         # Each write of the server is one HTTP chunk, and each chunk one event.

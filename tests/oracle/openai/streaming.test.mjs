@@ -3,7 +3,7 @@
 // What is expected comes from outside lily: the official client's own SSE parsing and its
 // ChatCompletionStream accumulator (which refuses chunks it cannot place), its error classes,
 // the transformers golden (greedy tokens of the chess prompt, decoded by HF tokenizers), and
-// OpenAI's wire format (../shared/reference/openai-clients.md §2).
+// OpenAI's wire format (docs/api.md, docs/clients.md).
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { OpenAI, MODEL_ID, makeCheckpoint, startServer, hfTokenizer, loadGolden, rejection } from './lib.mjs';
