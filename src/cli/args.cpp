@@ -8,6 +8,13 @@
 namespace lily {
 
 Args::Args(const std::vector<std::string>& argv, const std::vector<OptionSpec>& spec) {
+  for (const std::string& arg : argv) {
+    if (arg == "--help" || arg == "-h") {
+      std::string text = "options:\n" + describe_options(spec);
+      text += "  --help                    this list\n";
+      throw HelpRequested(std::move(text));
+    }
+  }
   for (size_t i = 0; i < argv.size(); ++i) {
     const std::string& arg = argv[i];
     if (arg.rfind("--", 0) != 0 || arg.size() == 2) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <exception>
 #include <map>
 #include <optional>
 #include <string>
@@ -15,8 +16,20 @@ struct OptionSpec {
   std::string help;
 };
 
+// Thrown by Args when the command line holds --help (or -h): `text` is the option list; the
+// entry point prints it with the command's synopsis and exits 0.
+class HelpRequested : public std::exception {
+ public:
+  explicit HelpRequested(std::string text) : text_(std::move(text)) {}
+  const char* what() const noexcept override { return text_.c_str(); }
+  const std::string& text() const { return text_; }
+
+ private:
+  std::string text_;
+};
+
 // Parsed `--name value` / `--flag` options. Unknown options, missing values and repeated
-// options throw InputError (exit code 2).
+// options throw InputError (exit code 2); --help anywhere throws HelpRequested.
 class Args {
  public:
   Args(const std::vector<std::string>& argv, const std::vector<OptionSpec>& spec);

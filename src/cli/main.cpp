@@ -5,7 +5,9 @@
 #include <string_view>
 #include <vector>
 
+#include "cli/args.h"
 #include "cli/commands.h"
+#include "core/build_info.h"
 #include "core/error.h"
 
 namespace {
@@ -39,7 +41,15 @@ void print_usage(FILE* out) {
     std::fprintf(out, "  %-16.*s %.*s\n", static_cast<int>(c.name.size()), c.name.data(),
                  static_cast<int>(c.synopsis.size()), c.synopsis.data());
   }
-  std::fputs("\nexit codes: 0 success, 2 bad input or usage, other values internal faults\n", out);
+  std::fputs("\n`lily <command> --help` lists a command's options; `lily --version` names the build."
+             "\nexit codes: 0 success, 2 bad input or usage, other values internal faults\n", out);
+}
+
+// "lily 0.1.0 (commit <40 hex>[, dirty tree], Release, GNU 12.2.0)".
+void print_version() {
+  const lily::BuildInfo& build = lily::build_info();
+  std::printf("lily %s (commit %s%s, %s, %s)\n", LILY_VERSION, build.commit,
+              build.dirty ? ", dirty tree" : "", build.build_type, build.compiler);
 }
 
 }  // namespace
@@ -55,9 +65,20 @@ int main(int argc, char** argv) {
     print_usage(stdout);
     return 0;
   }
+  if (command == "--version" || command == "version") {
+    print_version();
+    return 0;
+  }
   try {
     for (const Command& c : kCommands) {
-      if (c.name == command) return c.run(args);
+      if (c.name != command) continue;
+      try {
+        return c.run(args);
+      } catch (const lily::HelpRequested& help) {
+        std::printf("usage: lily %.*s %.*s\n\n%s", static_cast<int>(c.name.size()), c.name.data(),
+                    static_cast<int>(c.synopsis.size()), c.synopsis.data(), help.text().c_str());
+        return 0;
+      }
     }
     std::fprintf(stderr, "error: unknown command \"%s\"\n", command.c_str());
     print_usage(stderr);
