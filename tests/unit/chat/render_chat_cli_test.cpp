@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/strict_json.h"
+#include "unit/cli_runner.h"
 
 namespace {
 
@@ -22,38 +23,10 @@ struct CliRun {
   std::string stderr_text;
 };
 
-std::string slurp(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
 // Runs `lily render-chat <extra>` with `input` on stdin.
 CliRun render_chat(const std::string& input, const std::string& extra = "") {
-  // Unique per test and process: CTest runs the discovered tests in parallel.
-  const std::string base = testing::TempDir() + "/lily_render_chat_" +
-                           testing::UnitTest::GetInstance()->current_test_info()->name() + "_" +
-                           std::to_string(getpid());
-  const std::string in = base + ".in";
-  const std::string out = base + ".out";
-  const std::string err = base + ".err";
-  {
-    std::ofstream f(in, std::ios::binary);
-    f << input;
-  }
-  const std::string command = std::string("'") + LILY_BINARY + "' render-chat " + extra + " < '" +
-                              in + "' > '" + out + "' 2> '" + err + "'";
-  const int status = std::system(command.c_str());
-  CliRun run;
-  run.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  run.stdout_text = slurp(out);
-  run.stderr_text = slurp(err);
-  for (const std::string& path : {in, out, err}) std::remove(path.c_str());
-  std::string line;
-  std::istringstream s(run.stdout_text);
-  while (std::getline(s, line)) run.lines.push_back(line);
-  return run;
+  const lily::test::LilyRun run = lily::test::run_lily("render-chat " + extra, input);
+  return {run.exit_code, run.lines(), run.out, run.err};
 }
 
 lily::Json parse(const std::string& line) {

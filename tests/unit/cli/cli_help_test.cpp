@@ -12,11 +12,10 @@
 #include <vector>
 
 #include "core/build_info.h"
+#include "unit/cli_runner.h"
 
 namespace lily {
 namespace {
-
-namespace fs = std::filesystem;
 
 struct CliRun {
   int exit_code;
@@ -24,23 +23,9 @@ struct CliRun {
   std::string err;
 };
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
 CliRun lily(const std::string& args) {
-  const fs::path dir = fs::temp_directory_path() / ("lily_cli_help_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  const std::string command = std::string(LILY_BINARY) + " " + args + " < /dev/null > " +
-                              (dir / "out.txt").string() + " 2> " + (dir / "err.txt").string();
-  const int status = std::system(command.c_str());
-  CliRun run{WIFEXITED(status) ? WEXITSTATUS(status) : -1, slurp(dir / "out.txt"),
-             slurp(dir / "err.txt")};
-  fs::remove_all(dir);
-  return run;
+  const test::LilyRun run = test::run_lily(args);
+  return {run.exit_code, run.out, run.err};
 }
 
 // Every command answers --help on stdout with exit 0, naming itself and an option it has,

@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "core/strict_json.h"
+#include "unit/cli_runner.h"
 
 namespace lily {
 namespace {
@@ -31,6 +32,7 @@ fs::path work_dir() {
       std::ofstream(path / "tools.json") << R"([{"type": "function", "function": {"name": "get_weather",
           "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}}}}])";
       std::ofstream(path / "bad_tools.json") << R"([{"type": "function", "function": {"name": "a b"}}])";
+      std::ofstream(path / "empty.txt");  // an empty file is not JSON
     }
     ~WorkDir() {
       std::error_code ignored;
@@ -41,23 +43,9 @@ fs::path work_dir() {
   return dir.path;
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
 CliRun lily_parse_output(const std::string& args, const std::string& input) {
-  const fs::path dir = work_dir();
-  std::ofstream(dir / "in.txt", std::ios::binary) << input;
-  const std::string command = std::string(LILY_BINARY) + " parse-output " + args + " < " + (dir / "in.txt").string() +
-                              " > " + (dir / "out.txt").string() + " 2> " + (dir / "err.txt").string();
-  const int status = std::system(command.c_str());
-  CliRun run{WIFEXITED(status) ? WEXITSTATUS(status) : -1, {}, slurp(dir / "err.txt")};
-  std::istringstream out(slurp(dir / "out.txt"));
-  for (std::string line; std::getline(out, line);) run.lines.push_back(line);
-  return run;
+  const test::LilyRun run = test::run_lily("parse-output " + args, input);
+  return {run.exit_code, run.lines(), run.err};
 }
 
 std::string tools_arg() { return "--tools " + (work_dir() / "tools.json").string(); }
@@ -154,7 +142,7 @@ TEST(CliParseOutput, UsageErrors) {
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_NE(missing.err.find("error: --tools /nonexistent/tools.json: not a readable regular file"), std::string::npos)
       << missing.err;
-  const CliRun not_json = lily_parse_output("--tools " + (work_dir() / "in.txt").string(), "");
+  const CliRun not_json = lily_parse_output("--tools " + (work_dir() / "empty.txt").string(), "");
   EXPECT_EQ(not_json.exit_code, 2);
   EXPECT_NE(not_json.err.find("not valid JSON"), std::string::npos) << not_json.err;
   EXPECT_EQ(lily_parse_output("--bogus", "").exit_code, 2);

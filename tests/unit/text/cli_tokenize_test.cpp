@@ -9,6 +9,7 @@
 
 #include "core/strict_json.h"
 #include "test_tokenizers.h"
+#include "unit/cli_runner.h"
 
 namespace lily {
 namespace {
@@ -28,6 +29,7 @@ fs::path work_dir() {
     WorkDir() : path(fs::temp_directory_path() / ("lily_cli_tokenize_" + std::to_string(::getpid()))) {
       fs::create_directories(path);
       std::ofstream(path / "tokenizer.json") << test::tiny_files().tokenizer_json;
+      std::ofstream(path / "empty.txt");  // an empty file is not JSON
     }
     ~WorkDir() {
       std::error_code ignored;
@@ -38,23 +40,9 @@ fs::path work_dir() {
   return dir.path;
 }
 
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
 CliRun lily_tokenize(const std::string& args, const std::string& input) {
-  const fs::path dir = work_dir();
-  std::ofstream(dir / "in.txt", std::ios::binary) << input;
-  const std::string command = std::string(LILY_BINARY) + " tokenize " + args + " < " + (dir / "in.txt").string() +
-                              " > " + (dir / "out.txt").string() + " 2> " + (dir / "err.txt").string();
-  const int status = std::system(command.c_str());
-  CliRun run{WIFEXITED(status) ? WEXITSTATUS(status) : -1, {}, slurp(dir / "err.txt")};
-  std::istringstream out(slurp(dir / "out.txt"));
-  for (std::string line; std::getline(out, line);) run.lines.push_back(line);
-  return run;
+  const test::LilyRun run = test::run_lily("tokenize " + args, input);
+  return {run.exit_code, run.lines(), run.err};
 }
 
 std::string tokenizer_arg() { return "--tokenizer " + (work_dir() / "tokenizer.json").string(); }
@@ -122,7 +110,7 @@ TEST(CliTokenize, UsageErrors) {
   const CliRun missing = lily_tokenize("--tokenizer /nonexistent.json", "");
   EXPECT_EQ(missing.exit_code, 2);
   EXPECT_EQ(missing.err.rfind("error: ", 0), 0u) << missing.err;
-  const CliRun bad_file = lily_tokenize("--tokenizer " + (work_dir() / "in.txt").string(), "");
+  const CliRun bad_file = lily_tokenize("--tokenizer " + (work_dir() / "empty.txt").string(), "");
   EXPECT_EQ(bad_file.exit_code, 2);
   EXPECT_NE(bad_file.err.find("not valid JSON"), std::string::npos) << bad_file.err;
 }
