@@ -162,12 +162,6 @@ uint64_t random_seed() {
   return generator();
 }
 
-// Whether the request chose anything of the token distribution (a seed alone does not).
-bool sets_sampling(const SamplingFields& f) {
-  return f.temperature || f.top_p || f.top_k || f.min_p || f.presence_penalty ||
-         f.frequency_penalty || f.repetition_penalty || !f.logit_bias.empty();
-}
-
 // The model text that opens a call (the template's format, T110-116), forced by tool_choice.
 std::string tool_call_opening(const ChatRequest& chat) {
   std::string out = "<tool_call>\n<function=";
@@ -202,7 +196,7 @@ SequenceConfig ApiHandler::sequence_config(const ChatRequest& chat, uint64_t max
   // Greedy decoding loops in thinking mode: a thinking request that chooses no sampling gets
   // the checkpoint's recommended sampling unless the server set its own defaults.
   const bool recommended =
-      thinking && !sets_sampling(chat.sampling) && !model_.sampling_defaults.any();
+      thinking && !request_sets_sampling(chat.sampling) && !model_.sampling_defaults.any();
   const SamplingDefaults& defaults =
       recommended ? model_.thinking_sampling : model_.sampling_defaults;
   SamplingFields fields = chat.sampling;
@@ -210,7 +204,7 @@ SequenceConfig ApiHandler::sequence_config(const ChatRequest& chat, uint64_t max
     // tool_choice "none" with tools in the prompt: the model must not open a call, so its
     // opening token is banned (a bias of -100, the API's floor) rather than only left unparsed.
     // A request that would have decoded greedily stays greedy: temperature 0 with the bias.
-    if (!sets_sampling(fields) && !defaults.any()) fields.temperature = 0.0;
+    if (!request_sets_sampling(fields) && !defaults.any()) fields.temperature = 0.0;
     const auto id = static_cast<uint32_t>(tool_call_token_);
     auto& bias = fields.logit_bias;
     const auto at = std::lower_bound(bias.begin(), bias.end(), std::make_pair(id, -1e9f));

@@ -13,11 +13,6 @@ namespace lily {
 
 namespace {
 
-bool request_sets_sampling(const SamplingFields& f) {
-  return f.temperature || f.top_p || f.top_k || f.min_p || f.presence_penalty ||
-         f.frequency_penalty || f.repetition_penalty || !f.logit_bias.empty();
-}
-
 template <typename T>
 T pick(const std::optional<T>& request, const std::optional<T>& fallback, T neutral) {
   if (request) return *request;
@@ -47,6 +42,11 @@ double config_number(const Json& root, const char* key, const std::string& path,
 }
 
 }  // namespace
+
+bool request_sets_sampling(const SamplingFields& f) {
+  return f.temperature || f.top_p || f.top_k || f.min_p || f.presence_penalty ||
+         f.frequency_penalty || f.repetition_penalty || !f.logit_bias.empty();
+}
 
 bool SamplingDefaults::any() const {
   return temperature || top_p || top_k || min_p || presence_penalty || frequency_penalty ||

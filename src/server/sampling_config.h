@@ -27,6 +27,10 @@ struct SamplingDefaults {
   std::string describe() const;  // "temperature=0.7 top_p=0.8" or "greedy"
 };
 
+// Whether a request chose anything of the token distribution: a sampling field or a
+// logit_bias (a seed alone does not).
+bool request_sets_sampling(const SamplingFields& request);
+
 // Reads generation_config.json as transformers writes it: with "do_sample": false (or absent
 // with no sampling key) the defaults stay greedy; otherwise the keys present among
 // temperature, top_p, top_k, min_p and repetition_penalty become defaults (absent keys stay
