@@ -1,7 +1,10 @@
-// Defaults of the backend interface: capture (unsupported) and the fused ops run unfused.
+// Defaults of the backend interface: capture (unsupported), fault sites, fused ops run unfused.
 #include "backend/backend.h"
 
 #include <stdexcept>
+#include <string>
+
+#include "core/error.h"
 
 namespace lily {
 
@@ -51,6 +54,27 @@ void Backend::route_expert_swiglu(const float* router_logits, int64_t experts, i
                                   int64_t n, const QuantView* /*next_down: a hint*/) {
   moe_route(router_logits, n, experts, k, ids, weights);
   expert_swiglu_with_shared(gate, up, ids, k, h, shared_gate, shared_up, shared_h, x, n);
+}
+
+bool Backend::take_fault(FaultSite site, FaultKind* kind) {
+  if (!has_armed_fault_ || armed_fault_.site != site) return false;
+  if (armed_fault_.skip > 0) {
+    --armed_fault_.skip;
+    return false;
+  }
+  has_armed_fault_ = false;
+  *kind = armed_fault_.kind;
+  return true;
+}
+
+void Backend::fault_point(FaultSite site) {
+  FaultKind kind = FaultKind::error;
+  if (!take_fault(site, &kind)) return;
+  std::string where = name();
+  where += " backend, ";
+  where += fault_site_name(site);
+  if (kind == FaultKind::device) throw DeviceFault("injected device fault (--test-fault) at " + where);
+  throw std::runtime_error("injected error (--test-fault) at " + where);
 }
 
 void Backend::begin_capture() {

@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 
+#include "backend/fault_injection.h"
 #include "backend/sampling.h"
 #include "checkpoint/weights.h"
 
@@ -67,6 +68,9 @@ class Backend {
   virtual int threads() const = 0;
   // The hardware, for reports: e.g. "AMD EPYC 7B13" or "NVIDIA H200".
   virtual std::string device_name() const = 0;
+  // The code paths chosen for this device, for the start-up banner (CUDA: the compute
+  // capability, the machine code or PTX it runs, the Hopper-only paths on or off).
+  virtual std::string code_path() const { return ""; }
 
   // Called once with the weights before any op uses them. A device backend uploads them here
   // and reports progress to `progress` (may be empty).
@@ -108,6 +112,19 @@ class Backend {
   virtual void begin_capture();
   virtual int end_capture();
   virtual void replay(int graph);
+  // Ends a capture that begin_capture opened and that will not be completed (an op threw
+  // while recording), discarding what was recorded, so that the stream runs ops again.
+  // Never throws (it runs during unwinding); a capture backend must override it. Use it
+  // through CaptureScope (backend/capture_scope.h), not directly.
+  virtual void abort_capture() noexcept {}
+
+  // Test only (--test-fault): arms one fault, fired at the given site after `skip` visits.
+  void arm_fault(const FaultInjection& fault) { armed_fault_ = fault; has_armed_fault_ = true; }
+  // A fault site of the decode path (the model calls it for `step` and `capture`, a capture
+  // backend's replay for `replay`). Does nothing unless a fault is armed for this site; then
+  // an `error` throws std::runtime_error and a `device` loses the device (the default: throws
+  // DeviceFault; a device backend overrides it to poison its context for real).
+  virtual void fault_point(FaultSite site);
 
   // out[t, :] = dequant(table row ids[t]).            ids [n] i32 < table.rows(); out [n, in]
   virtual void embed(const QuantView& table, const int32_t* ids, int64_t n, float* out) = 0;
@@ -248,6 +265,14 @@ class Backend {
   // returns the slot's words (valid until the slot is used again).
   virtual void read_words_async(const int32_t* src, int64_t count, int slot) = 0;
   virtual const int32_t* wait_read_words(int slot) = 0;
+
+ protected:
+  // Whether the armed fault fires at this visit of `site` (then it is disarmed).
+  bool take_fault(FaultSite site, FaultKind* kind);
+
+ private:
+  FaultInjection armed_fault_;
+  bool has_armed_fault_ = false;
 };
 
 // The CPU backend (src/backend/cpu). threads = 0: all cores.

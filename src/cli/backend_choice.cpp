@@ -53,7 +53,8 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
       throw InputError(std::string("--device cuda: ") + e.what());
     }
     choice.chunk = kCudaChunk;
-    std::fprintf(stderr, "lily: using CUDA on %s\n", choice.backend->device_name().c_str());
+    std::fprintf(stderr, "lily: using CUDA on %s (%s)\n", choice.backend->device_name().c_str(),
+                 choice.backend->code_path().c_str());
     return choice;
   }
   std::string why;
@@ -61,8 +62,8 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
     try {
       choice.backend = make_cuda_backend(required);
       choice.chunk = kCudaChunk;
-      std::fprintf(stderr, "lily: --device auto: using CUDA on %s\n",
-                   choice.backend->device_name().c_str());
+      std::fprintf(stderr, "lily: --device auto: using CUDA on %s (%s)\n",
+                   choice.backend->device_name().c_str(), choice.backend->code_path().c_str());
       return choice;
     } catch (const std::exception& e) {
       why = e.what();

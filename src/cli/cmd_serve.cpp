@@ -10,10 +10,12 @@
 #include <filesystem>
 #include <memory>
 #include <mutex>
+#include <thread>
 
 #include <boost/asio/signal_set.hpp>
 
 #include "backend/backend.h"
+#include "backend/fault_injection.h"
 #include "checkpoint/checkpoint.h"
 #include "cli/args.h"
 #include "cli/backend_choice.h"
@@ -39,7 +41,14 @@ namespace lily {
 
 namespace {
 
-// Signals arrive on an I/O thread; the main thread waits here for the first one.
+// Exit status of a server whose device failed (a DeviceFault): a supervisor restarts it.
+constexpr int kExitDeviceFailed = 3;
+// How long a failed server keeps answering (/health 503 "failed", completions 503) before it
+// exits, so that load balancers and health checks see why it goes away.
+constexpr auto kFailedExitDelay = std::chrono::seconds(2);
+
+// Signals and a device failure arrive on other threads; the main thread waits here for the
+// first one.
 class StopRequest {
  public:
   void request() {
@@ -49,9 +58,21 @@ class StopRequest {
     }
     changed_.notify_all();
   }
+  void request_for_device_failure() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      requested_ = true;
+      device_failed_ = true;
+    }
+    changed_.notify_all();
+  }
   bool requested() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return requested_;
+  }
+  bool device_failed() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return device_failed_;
   }
   void wait() {
     std::unique_lock<std::mutex> lock(mutex_);
@@ -62,6 +83,7 @@ class StopRequest {
   mutable std::mutex mutex_;
   std::condition_variable changed_;
   bool requested_ = false;
+  bool device_failed_ = false;
 };
 
 std::optional<std::string> env(const char* name) {
@@ -108,6 +130,9 @@ int cmd_serve(const std::vector<std::string>& argv) {
        "limit; a request's reasoning_budget overrides it)"},
       {"test-script", true,
        "TEST ONLY: a JSON file of rules forcing scripted answers (docs/server.md)"},
+      {"test-fault", true,
+       "TEST ONLY: SITE:KIND[:SKIP] makes one decode op fail (site step, capture or replay; "
+       "kind error or device; docs/server.md, \"Failures\")"},
   };
   const auto started = std::chrono::steady_clock::now();  // for /metrics' model load time
   const Args args(argv, spec);
@@ -176,6 +201,10 @@ int cmd_serve(const std::vector<std::string>& argv) {
   std::vector<TestScriptRule> test_script;
   if (const std::optional<std::string> path = args.get("test-script")) {
     test_script = read_test_script(*path);
+  }
+  std::optional<FaultInjection> test_fault;
+  if (const std::optional<std::string> fault_spec = args.get("test-fault")) {
+    test_fault = parse_fault_injection(*fault_spec);
   }
 
   ApiConfig config;
@@ -250,6 +279,16 @@ int cmd_serve(const std::vector<std::string>& argv) {
   BackendChoice choice =
       choose_backend(args, *checkpoint, max_seq, 3, cache_snapshots * snapshot_bytes);
   const std::unique_ptr<Backend> backend = std::move(choice.backend);
+  if (test_fault) {
+    if (test_fault->site != FaultSite::step && !backend->can_capture()) {
+      throw InputError(std::string("--test-fault ") + fault_site_name(test_fault->site) +
+                       " needs a backend with graph capture (--device cuda); the " +
+                       backend->name() + " backend runs every decode step eagerly (site step)");
+    }
+    backend->arm_fault(*test_fault);
+    std::fprintf(stderr, "TEST FAULT ARMED: a decode op fails at %s (--test-fault)\n",
+                 fault_site_name(test_fault->site));
+  }
   Qwen36Model model(*checkpoint, *backend, choice.chunk, upload_progress());
   const Tokenizer tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");
   const std::string tokenizer_config_path = dir + "/tokenizer_config.json";
@@ -287,7 +326,14 @@ int cmd_serve(const std::vector<std::string>& argv) {
                static_cast<double>(DecodeState::bytes(checkpoint->config.shape,
                                                       static_cast<int64_t>(max_seq))) / kMiB,
                cache_snapshots, static_cast<double>(snapshot_bytes) / kMiB);
-  Engine engine(model, cache, queue, &tokenizer);
+  // A lost device ends the process: the engine has failed what it held, the handler turns
+  // new requests away, and the main thread exits non-zero for a supervisor to restart it.
+  Engine engine(model, cache, queue, &tokenizer, [&handler, &stop](const std::string& what) {
+    write_log_line("fatal: the device failed (" + what + "); exiting with status " +
+                   std::to_string(kExitDeviceFailed) + " for a supervisor to restart the server");
+    handler.set_failed();
+    stop.request_for_device_failure();
+  });
   serving.tokenizer = &tokenizer;
   serving.backend = backend.get();
   serving.engine = &engine;
@@ -309,11 +355,17 @@ int cmd_serve(const std::vector<std::string>& argv) {
   if (demo) std::fputs(demo_banner(dir).c_str(), stderr);
 
   stop.wait();
-  handler.set_stopping();
+  const bool device_failed = stop.device_failed();
+  if (device_failed) std::this_thread::sleep_for(kFailedExitDelay);
+  handler.set_stopping();  // a failed server stays failed
   server.mark_stopping();  // the in-flight response closes its connection
   engine.shutdown();  // the request in flight finishes; queued ones get 503
   server.stop(std::chrono::milliseconds(5000));
   server.join();
+  if (device_failed) {
+    std::fputs("stopped: the device failed\n", stderr);
+    return kExitDeviceFailed;
+  }
   std::fputs("stopped\n", stderr);
   return 0;
 }

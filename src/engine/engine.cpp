@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/generator.h"
 
 namespace lily {
@@ -38,12 +39,13 @@ std::string snapshot_points_error(const std::vector<int64_t>& points) {
 }  // namespace
 
 Engine::Engine(Qwen36Model& model, SessionCache& cache, size_t queue_capacity,
-               const Tokenizer* tokenizer)
+               const Tokenizer* tokenizer, DeviceFaultHandler on_device_fault)
     : model_(model),
       cache_(cache),
       tokenizer_(tokenizer),
       sampler_(model.backend(), static_cast<int64_t>(model.shape().vocab_size)),
-      capacity_(queue_capacity) {
+      capacity_(queue_capacity),
+      on_device_fault_(std::move(on_device_fault)) {
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -53,6 +55,10 @@ Submission Engine::submit(EngineRequest request) {
   Submission submission;
   {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (device_failed_) {
+      submission.status = SubmitStatus::device_failed;
+      return submission;
+    }
     if (stopping_) {
       submission.status = SubmitStatus::shutting_down;
       return submission;
@@ -91,6 +97,25 @@ size_t Engine::queued() const {
   return queue_.size();
 }
 
+bool Engine::device_failed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return device_failed_;
+}
+
+void Engine::fail_device(Job& job, const std::string& what) {
+  std::deque<Job> queued;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    device_failed_ = true;
+    queued.swap(queue_);
+  }
+  // The handler first: by the time a client holds its 500, /health already says "failed".
+  if (on_device_fault_) on_device_fault_(what);
+  const std::string error = kDeviceFailedError + what;
+  finish(job, error_result(job.request, error));
+  for (Job& waiting : queued) finish(waiting, error_result(waiting.request, error));
+}
+
 void Engine::loop() {
   for (;;) {
     Job job;
@@ -104,6 +129,10 @@ void Engine::loop() {
     EngineResult result;
     try {
       result = run(job.request);
+    } catch (const DeviceFault& fault) {
+      // Nothing can run on the device any more: fail everything, end the thread.
+      fail_device(job, fault.what());
+      return;
     } catch (const std::exception& e) {
       result = error_result(job.request, std::string("internal error: ") + e.what());
     } catch (...) {
@@ -198,6 +227,8 @@ EngineResult Engine::run(const EngineRequest& request) {
     result.prefill_seconds = generated.prefill_seconds;
     result.decode_seconds = generated.decode_seconds;
     return result;
+  } catch (const DeviceFault&) {
+    throw;  // the engine's end, not this request's (loop); the lease's state is lost with it
   } catch (const std::exception& e) {
     cache_.drop(lease);
     return error_result(request, std::string("generation failed: ") + e.what());

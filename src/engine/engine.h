@@ -75,6 +75,7 @@ enum class SubmitStatus {
   accepted,       // `result` will be fulfilled
   queue_full,     // refused at once (HTTP 429)
   shutting_down,  // refused, the engine no longer accepts work (HTTP 503)
+  device_failed,  // refused, the device is lost (DeviceFault); the process must restart (503)
 };
 
 struct Submission {
@@ -84,6 +85,14 @@ struct Submission {
 
 // Error text of requests failed because the engine shut down while they were queued.
 inline constexpr const char* kShuttingDownError = "shutting down";
+// Start of the error text of requests failed by a DeviceFault (in flight or queued then);
+// the fault's own text follows, for the log.
+inline constexpr const char* kDeviceFailedError = "device failed: ";
+
+// Called once, on the inference thread, when a DeviceFault ends the engine: new submissions
+// are already refused, and the requests it held are failed right after the call returns.
+// `what` is the fault's text. Must not throw.
+using DeviceFaultHandler = std::function<void(const std::string& what)>;
 
 // Owns the inference thread. The model and cache must outlive the engine; nothing else may use
 // them while it runs. Thread-safe: submit/shutdown may be called from any thread.
@@ -92,8 +101,12 @@ class Engine {
   static constexpr size_t kDefaultQueueCapacity = 16;
 
   // `tokenizer` (may be null: no text in results, stop strings refused) must outlive the engine.
+  // A DeviceFault from the model fails the request in flight and every queued one (error
+  // kDeviceFailedError + the fault), refuses later submissions (device_failed), stops the
+  // inference thread and calls `on_device_fault` (may be empty). Any other exception fails
+  // only its request.
   Engine(Qwen36Model& model, SessionCache& cache, size_t queue_capacity = kDefaultQueueCapacity,
-         const Tokenizer* tokenizer = nullptr);
+         const Tokenizer* tokenizer = nullptr, DeviceFaultHandler on_device_fault = {});
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
   ~Engine();  // shutdown()
@@ -108,6 +121,7 @@ class Engine {
 
   size_t queue_capacity() const { return capacity_; }
   size_t queued() const;  // requests waiting (not counting the one in flight)
+  bool device_failed() const;  // a DeviceFault has ended the engine
 
  private:
   struct Job {
@@ -118,6 +132,8 @@ class Engine {
   void loop();
   EngineResult run(const EngineRequest& request);
   static void finish(Job& job, EngineResult result);
+  // After a DeviceFault in `job`: fails it and every queued job, refuses new ones.
+  void fail_device(Job& job, const std::string& what);
 
   Qwen36Model& model_;
   SessionCache& cache_;
@@ -130,6 +146,8 @@ class Engine {
   std::condition_variable wake_;
   std::deque<Job> queue_;
   bool stopping_ = false;
+  bool device_failed_ = false;  // under mutex_
+  DeviceFaultHandler on_device_fault_;
   std::mutex join_mutex_;
   std::thread thread_;
 };

@@ -4,6 +4,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "backend/capture_scope.h"
+
 namespace lily {
 
 Qwen36Model::Qwen36Model(const Checkpoint& checkpoint, Backend& backend, int64_t chunk,
@@ -159,7 +161,9 @@ void Qwen36Model::sync_device_position(DecodeState& state) {
   state.device_position_value = state.position;
 }
 
-void Qwen36Model::decode_step_ops(DecodeState& state, const TokenChoice& choice) {
+void Qwen36Model::decode_step_ops(DecodeState& state, const TokenChoice& choice,
+                                  FaultSite site) {
+  backend_.fault_point(site);  // test only (--test-fault); nothing when no fault is armed
   layers_forward(state, SeqPos(state.position, state.device_position), 1);
   head(1, choice);
   backend_.add_i32(state.device_position, 1);
@@ -180,9 +184,9 @@ void Qwen36Model::decode_step(DecodeState& state, const TokenChoice& choice) {
     decode_step_ops(state, choice);  // eager: sizes the backend's scratch for this state
     warmed_.insert(key);
   } else {
-    backend_.begin_capture();
-    decode_step_ops(state, choice);
-    const int graph = backend_.end_capture();
+    CaptureScope capture(backend_);
+    decode_step_ops(state, choice, FaultSite::capture);
+    const int graph = capture.end();
     graphs_.emplace(key, graph);
     backend_.replay(graph);
   }

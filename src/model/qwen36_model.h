@@ -78,7 +78,9 @@ class Qwen36Model {
   // device). Replays the state's captured graph where the backend can.
   void decode_step(DecodeState& state, const TokenChoice& choice);
   // The body of a decode step, with positions read from the device.
-  void decode_step_ops(DecodeState& state, const TokenChoice& choice);
+  // `site`: the test-only fault site of these ops (capture while recording a graph).
+  void decode_step_ops(DecodeState& state, const TokenChoice& choice,
+                       FaultSite site = FaultSite::step);
   // Embedding, the 40 layers and the final norm for n tokens at `pos` (normed_ holds the result).
   void layers_forward(DecodeState& state, SeqPos pos, int64_t n);
   void head(int64_t n, const TokenChoice& choice);

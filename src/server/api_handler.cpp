@@ -78,7 +78,15 @@ void ApiHandler::set_ready(ServingModel model) {
   phase_.store(ServerPhase::ready, std::memory_order_release);
 }
 
-void ApiHandler::set_stopping() { phase_.store(ServerPhase::stopping, std::memory_order_release); }
+void ApiHandler::set_stopping() {
+  // A failed server stays failed: /health keeps saying why it is going away.
+  ServerPhase expected = phase_.load(std::memory_order_acquire);
+  while (expected != ServerPhase::failed &&
+         !phase_.compare_exchange_weak(expected, ServerPhase::stopping, std::memory_order_acq_rel)) {
+  }
+}
+
+void ApiHandler::set_failed() { phase_.store(ServerPhase::failed, std::memory_order_release); }
 
 std::optional<HttpResponse> ApiHandler::screen(const HttpRequestHead& head) {
   const std::string_view path = head.path;
@@ -106,6 +114,7 @@ std::optional<HttpResponse> ApiHandler::screen(const HttpRequestHead& head) {
     switch (phase()) {
       case ServerPhase::loading: return api_error_response(model_loading_error());
       case ServerPhase::stopping: return api_error_response(shutting_down_error());
+      case ServerPhase::failed: return api_error_response(device_failed_error());
       case ServerPhase::ready: break;
     }
   }
@@ -125,6 +134,7 @@ void ApiHandler::handle(HttpRequest request, Responder respond) {
       case ServerPhase::ready: return respond(json_response(200, R"({"status":"ok"})"));
       case ServerPhase::loading: return respond(json_response(503, R"({"status":"loading"})"));
       case ServerPhase::stopping: return respond(json_response(503, R"({"status":"stopping"})"));
+      case ServerPhase::failed: return respond(json_response(503, R"({"status":"failed"})"));
     }
   }
   if (path == kModelsPath) {
@@ -240,6 +250,7 @@ void ApiHandler::chat_completion(HttpRequest request, Responder respond) {
   try {
     // The phase may have changed since screen(); the model is only read once ready.
     if (phase() == ServerPhase::stopping) return respond(api_error_response(shutting_down_error()));
+    if (phase() == ServerPhase::failed) return respond(api_error_response(device_failed_error()));
     if (phase() != ServerPhase::ready) return respond(api_error_response(model_loading_error()));
     const ChatRequest chat = parse_chat_request(request.body, config_.limits);
     const ApiMode mode = config_.limits.mode;
@@ -308,6 +319,9 @@ void ApiHandler::chat_completion(HttpRequest request, Responder respond) {
       }
     }
     job.prompt_cache_key = chat.prompt_cache_key;
+    if (!job.prompt_cache_key && mode == ApiMode::openai) {  // --strict: Lily's body only
+      job.prompt_cache_key = request.head.prompt_cache_key;
+    }
     job.cancelled = request.client_gone ? request.client_gone
                                         : std::make_shared<std::atomic<bool>>(false);
     const bool logprobs = chat.logprobs;
@@ -362,6 +376,7 @@ void ApiHandler::chat_completion(HttpRequest request, Responder respond) {
         return;
       case SubmitStatus::queue_full: return respond(api_error_response(queue_full_error()));
       case SubmitStatus::shutting_down: return respond(api_error_response(shutting_down_error()));
+      case SubmitStatus::device_failed: return respond(api_error_response(device_failed_error()));
     }
   } catch (const ApiError& error) {
     respond(api_error_response(error));

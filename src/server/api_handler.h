@@ -19,7 +19,8 @@
 
 namespace lily {
 
-enum class ServerPhase { loading, ready, stopping };
+// failed: the device is lost (a DeviceFault ended the engine); the process exits shortly.
+enum class ServerPhase { loading, ready, stopping, failed };
 
 struct ApiConfig {
   ServerLimits limits;  // body size, nesting depth, model id, default max_tokens, API mode
@@ -67,6 +68,9 @@ class ApiHandler : public HttpHandler {
   void set_ready(ServingModel model);
   // -> stopping: /health answers 503 {"status":"stopping"}, new completions 503.
   void set_stopping();
+  // -> failed (final): /health answers 503 {"status":"failed"}, new completions 503
+  // device_failed; the engine has already failed what it held with 500s.
+  void set_failed();
   ServerPhase phase() const { return phase_.load(std::memory_order_acquire); }
   // The process's metrics (observe requests into it from the transport: HttpServer's
   // observer). `in_flight` reads the transport's count for /metrics; set it before serving.

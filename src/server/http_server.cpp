@@ -148,6 +148,9 @@ class HttpServer::Connection : public std::enable_shared_from_this<Connection> {
     if (auto it = request.find(http::field::content_type); it != request.end()) {
       head_.content_type = std::string(it->value());
     }
+    if (auto it = request.find(kPromptCacheKeyHeader); it != request.end()) {
+      head_.prompt_cache_key = std::string(it->value());
+    }
     if (auto it = request.find(http::field::authorization); it != request.end()) {
       head_.authorization = std::string(it->value());
     }

@@ -46,8 +46,13 @@ struct HttpRequestHead {
   std::string path;          // target with any "?query" removed
   std::string content_type;  // "" when absent
   std::optional<std::string> authorization;
+  // X-Prompt-Cache-Key: the session-cache key for clients (and load balancers routing on it,
+  // docs/deploy.md) that cannot put prompt_cache_key in the body; the body's field wins.
+  std::optional<std::string> prompt_cache_key;
   bool has_body = false;  // Content-Length > 0 or chunked
 };
+
+inline constexpr const char* kPromptCacheKeyHeader = "X-Prompt-Cache-Key";
 
 // A response written in pieces (text/event-stream). Thread-safe. Every write goes out as its
 // own HTTP chunk as soon as the socket takes it (TCP_NODELAY on every connection).

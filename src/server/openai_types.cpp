@@ -287,6 +287,11 @@ ApiError shutting_down_error() {
                   "shutting_down");
 }
 
+ApiError device_failed_error() {
+  return ApiError(503, "the server's device failed; the server is restarting, retry shortly",
+                  std::string(kServerError), std::nullopt, "device_failed");
+}
+
 ApiError model_loading_error() {
   return ApiError(503, "the model is still loading; retry shortly", std::string(kServerError),
                   std::nullopt, "model_loading");

@@ -131,6 +131,7 @@ ApiError unauthorized_error();                      // 401
 ApiError queue_full_error();                        // 429
 ApiError shutting_down_error();                     // 503
 ApiError model_loading_error();                    // 503 while the model loads
+ApiError device_failed_error();                    // 503 once a DeviceFault ended the engine
 ApiError internal_error();                          // 500, generic message
 // Any other transport-level refusal (400 malformed HTTP, 408, 431, 503 too many
 // connections): the given message, type by status, no param or code.

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -89,6 +90,43 @@ TEST(CudaDecode, FusedNormStepsTrackTheCpuStepByStep) {
   std::unique_ptr<Backend> gpu = cuda_backend_with_env_or_null("LILY_CUDA_FUSED_NORM", "1", &why);
   if (!gpu) GTEST_SKIP() << "no usable CUDA device: " << why;
   expect_decode_tracks_cpu(*gpu, " (fused norm)");
+}
+
+// An op failing while a decode step is recorded into a graph (--test-fault capture:error)
+// fails that generation only: CaptureScope ends the capture, so the same backend then
+// generates exactly what a backend that never failed does. Without the guard the stream
+// stays capturing and every later call fails ("operation not permitted when stream is
+// capturing").
+TEST(CudaDecode, AFailedCaptureLeavesTheBackendUsable) {
+  LILY_CUDA_BACKEND_OR_SKIP(gpu);
+  const Checkpoint& checkpoint = tiny_checkpoint(1);
+  const std::vector<int32_t> prompt = {11, 7, 300, 42, 5};
+  GenerationOptions options;
+  options.max_tokens = 12;
+  Qwen36Model model(checkpoint, *gpu, kCudaChunk);
+  DecodeState reference_state(*gpu, checkpoint.config.shape, 64);
+  const GenerationResult reference = generate(model, reference_state, prompt, options);
+
+  // A fresh state: its position key has a first (eager) step, then a capture, which fails.
+  Qwen36Model faulty(checkpoint, *gpu, kCudaChunk);
+  gpu->arm_fault({FaultSite::capture, FaultKind::error, 0});
+  DecodeState failed_state(*gpu, checkpoint.config.shape, 64);
+  EXPECT_THROW(
+      {
+        try {
+          generate(faulty, failed_state, prompt, options);
+        } catch (const std::runtime_error& e) {
+          EXPECT_NE(std::string(e.what()).find("injected error (--test-fault) at cuda backend, capture"),
+                    std::string::npos)
+              << e.what();
+          throw;
+        }
+      },
+      std::runtime_error);
+  gpu->synchronize();  // the stream is not capturing any more: this would fail otherwise
+  DecodeState again(*gpu, checkpoint.config.shape, 64);
+  const GenerationResult retried = generate(faulty, again, prompt, options);
+  EXPECT_EQ(retried.tokens, reference.tokens);
 }
 
 // The pipelined API (two steps in flight, token ids never read by the host before the next

@@ -16,6 +16,17 @@
 #                                    (LILY_SAMPLING_ROUNDS rounds, default 2; LILY_SAMPLING_CPU=0
 #                                    leaves out the host-CPU arms); the server stage takes
 #                                    LILY_SERVER_GROUPS and LILY_SERVER_MODELS (default tiny full)
+#                        faults      builds `lily serve` too and runs tests/server/test_faults.py
+#                                    --device cuda (op errors and a lost device at the step,
+#                                    capture and replay sites), then the start-up memory check
+#                                    with a PyTorch process holding all but 1 GiB of the GPU
+#                        ptx         cuda_tests' decode and golden tests and a `lily run` with
+#                                    CUDA_FORCE_PTX_JIT=1: the compute_80 PTX JIT-compiled, as
+#                                    a GPU without machine code in the build runs it (needs
+#                                    LILY_CUDA_ARCHS with 80-virtual)
+#                        archs       compiles the CUDA backend for the default architecture list
+#                                    (sm_80/86/89/90a/120 + compute_80 PTX) in build-archs, in
+#                                    the background while the other stages run
 #                        bench-cpu-tiny  the CPU bench matrix of the tiny profile on one core
 #                                    (LILY_TINY_CONTEXTS, default 256,512,1024,2048; 256 steps)
 #                        profile     Nsight Compute kernel durations of a short full-checkpoint
@@ -28,6 +39,8 @@
 #   LILY_CONTEXTS      CUDA matrix contexts (default 256,1024,4096,16384,65536,131072)
 #   LILY_CPU_CONTEXTS  CPU matrix contexts (default 256,512,1024); LILY_THREADS (default 16)
 #   LILY_GTEST_FILTER  gtest filter for cuda_tests (default all)
+#   LILY_CUDA_ARCHS    CMAKE_CUDA_ARCHITECTURES of the build (default 90a, the H200's own);
+#                      "90a-real;80-virtual" adds the PTX that CUDA_FORCE_PTX_JIT=1 runs
 # Needs the carried .deps/ (nlohmann-json, utf8proc and GoogleTest unpacked from Debian
 # packages by tools/gpu/fetch-deps.sh, and Boost's .deb), since that machine installs nothing.
 # The server is built only for the server stage (Boost unpacked here first).
@@ -51,21 +64,33 @@ has_stage() { [[ ",$stages," == *",$1,"* ]]; }
   free -g | head -2
 } | tee "$out/machine.txt"
 
+if has_stage archs; then
+  # Every architecture of the default list must compile (the H200 runs only its own).
+  (a_start=$(date +%s)
+   cmake -S . -B build-archs -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_BUILD_TESTS=OFF \
+     -DLILY_WITH_SERVER=OFF -DLILY_WITH_CUDA=ON -DCMAKE_PREFIX_PATH="$deps" \
+     -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json" >"$out/archs.log" 2>&1 &&
+   nice cmake --build build-archs --target lily_backend_cuda >>"$out/archs.log" 2>&1 &&
+   echo "archs: compiled for $(grep -o 'architectures [^)]*' "$out/archs.log" | head -1) in $(( $(date +%s) - a_start )) s" ||
+   { echo "archs: FAILED"; grep -E "error" "$out/archs.log" | head -20; }) >"$out/archs.txt" 2>&1 &
+  archs_pid=$!
+fi
+
 start=$(date +%s)
 with_server=OFF
-if has_stage server; then
+if has_stage server || has_stage faults; then
   # Boost's headers travel as the .deb (fetch-deps.sh); unpacked once per machine.
   [ -f "$deps/include/boost/version.hpp" ] || dpkg -x .deps/debs/libboost1.81-dev_*.deb .deps/root
   with_server=ON
 fi
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_BUILD_TESTS=OFF \
   -DLILY_BUILD_CUDA_TESTS=ON -DLILY_WITH_SERVER=$with_server -DLILY_WITH_CUDA=ON \
-  -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$deps" \
+  -DCMAKE_CUDA_ARCHITECTURES="${LILY_CUDA_ARCHS:-90a}" -DCMAKE_PREFIX_PATH="$deps" \
   -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json" \
   -DGTest_DIR="$deps/lib/x86_64-linux-gnu/cmake/GTest" >"$out/cmake.log" 2>&1
 # Only what the stages need: the CUDA tests take about half of a fresh machine's build.
 targets=(lily)
-has_stage tests && targets+=(cuda_tests)
+{ has_stage tests || has_stage ptx; } && targets+=(cuda_tests)
 cmake --build build-gpu --target "${targets[@]}" >>"$out/cmake.log" 2>&1 || { tail -60 "$out/cmake.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 lily=$PWD/build-gpu/lily
@@ -176,6 +201,36 @@ if has_stage server; then
     --json-out "$out/bench-256-for-stream.json" 2>&1 | tail -1
 fi
 
+if has_stage faults; then
+  start=$(date +%s)
+  timeout 400 python3 tests/server/test_faults.py --lily "$lily" --device cuda \
+    >"$out/faults.log" 2>&1 && echo "faults (cuda): ok" || { echo "faults (cuda): FAILED (rc $?)"; tail -30 "$out/faults.log"; }
+  grep -E "^(test_|Ran |OK|FAILED|SKIPPED)" "$out/faults.log" | head -20
+  # Start-up memory check: all but 1 GiB of the GPU held by another process.
+  python3 -c "
+import sys, time, torch
+free, total = torch.cuda.mem_get_info()
+held = torch.empty(free - (1 << 30), dtype=torch.uint8, device='cuda')
+print('holding', free >> 20, 'MiB of', total >> 20, flush=True)
+time.sleep(60)" >"$out/oom-holder.log" 2>&1 &
+  holder=$!
+  for _ in $(seq 60); do grep -q holding "$out/oom-holder.log" && break; sleep 1; done
+  timeout 60 "$lily" serve --model "$tiny" --device cuda --bind 127.0.0.1:0 >"$out/oom-serve.log" 2>&1
+  echo "start-up with 1 GiB free: rc $? (expected 2): $(grep -h 'error' "$out/oom-serve.log" | head -2)"
+  kill $holder 2>/dev/null; wait $holder 2>/dev/null || true
+  echo "faults: $(( $(date +%s) - start )) s"
+fi
+
+if has_stage ptx; then
+  start=$(date +%s)
+  CUDA_FORCE_PTX_JIT=1 timeout 300 "$lily" run --model "$tiny" --prompt-ids 1,2,3,4,5,6 --max-tokens 4 \
+    --device cuda 2>&1 | grep -E "using CUDA|error" | head -3
+  CUDA_FORCE_PTX_JIT=1 timeout 400 ./build-gpu/tests/cuda/cuda_tests \
+    --gtest_filter="CudaDecode.*:Tiny/CudaGoldenTest.*:*Gemv*:*Sampler*" >"$out/cuda_tests_ptx.log" 2>&1 || true
+  grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$out/cuda_tests_ptx.log" | tail -20 || true
+  echo "ptx: $(( $(date +%s) - start )) s"
+fi
+
 if has_stage tests; then
   ensure_full
   start=$(date +%s)
@@ -218,6 +273,11 @@ if has_stage bench-cpu-tiny; then
     --device cpu --threads 1 --contexts "${LILY_TINY_CONTEXTS:-256,512,1024,2048}" \
     --decode-steps 256 --cooldown 2 "${matrix_flags[@]}" 2>&1 | tee "$out/matrix-cpu-tiny.log" || true
   tar -czf "$out/matrix-cpu-tiny.tgz" -C "$out" matrix-cpu-tiny && rm -rf "$out/matrix-cpu-tiny"
+fi
+
+if [ -n "${archs_pid:-}" ]; then
+  wait "$archs_pid" || true
+  cat "$out/archs.txt"
 fi
 
 # The device tool brings back only a handful of files: everything but the machine notes and the

@@ -61,6 +61,28 @@ void check_dense(const DenseView& v, int64_t count, const char* op) {
               std::to_string(count));
 }
 
+// cudaMalloc of `bytes`; out of memory is an error naming `what`, the bytes asked for and
+// the free memory (the runtime's own text says neither).
+void* malloc_or_explain(size_t bytes, const char* what) {
+  void* ptr = nullptr;
+  const cudaError_t status = cudaMalloc(&ptr, bytes);
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // not sticky: clear it so later calls start clean
+    size_t free_bytes = 0;
+    size_t total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    std::string message = "CUDA out of memory: ";
+    message += what;
+    message += " needs " + std::to_string(bytes >> 20) + " MiB, ";
+    message += std::to_string(free_bytes >> 20) + " MiB free of " +
+               std::to_string(total_bytes >> 20) +
+               " MiB (lower --max-seq or --cache-snapshots, or free the GPU)";
+    throw std::runtime_error(message);
+  }
+  LILY_CUDA_CHECK(status);
+  return ptr;
+}
+
 cuda::AttentionShape attention_shape(const AttentionDims& d, const char* op) {
   require(d.q_heads > 0 && d.kv_heads > 0 && d.q_heads % d.kv_heads == 0, op,
           "q_heads must be a positive multiple of kv_heads");
@@ -104,8 +126,7 @@ void* CudaWorkspace::get(int slot, size_t bytes) {
                            std::to_string(bytes) +
                            " bytes during graph capture; the eager step should have sized it");
   }
-  void* ptr = nullptr;
-  LILY_CUDA_CHECK(cudaMalloc(&ptr, round_up(bytes)));
+  void* ptr = malloc_or_explain(round_up(bytes), "scratch");
   if (s.ptr != nullptr) retired_.push_back(s.ptr);  // a captured graph may still use it
   s.ptr = ptr;
   s.bytes = round_up(bytes);
@@ -163,11 +184,26 @@ CudaBackend::CudaBackend() {
   cudaDeviceProp prop{};
   LILY_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   device_name_ = prop.name;
-  // Programmatic dependent launch needs compute capability 9.0; LILY_CUDA_PDL=0 turns it off
-  // to measure what it buys.
-  cuda::set_pdl_enabled(prop.major >= 9 && !env_is("LILY_CUDA_PDL", "0"));
-  // The lm_head's bulk copies need 9.0; LILY_CUDA_STREAM_GEMV=0 keeps the generic GEMV.
-  cuda::set_stream_gemv_enabled(prop.major >= 9 && !env_is("LILY_CUDA_STREAM_GEMV", "0"));
+  // Which of the build's codes the device runs: machine code for its architecture (sm_80,
+  // 86, 89, 90a, 120) or, on any other GPU, the compute_80 PTX that the driver JIT-compiles.
+  // The Hopper paths exist only in code built for sm_90+, so they are chosen by the code's
+  // architecture, not by the device's alone.
+  cudaFuncAttributes code{};
+  LILY_CUDA_CHECK(cudaFuncGetAttributes(&code, add_i32_kernel));
+  compute_capability_ = prop.major * 10 + prop.minor;
+  code_binary_version_ = code.binaryVersion;
+  code_ptx_version_ = code.ptxVersion;
+  // Programmatic dependent launch needs 9.0 on both; LILY_CUDA_PDL=0 turns it off to measure
+  // what it buys.
+  cuda::set_pdl_enabled(prop.major >= 9 && code.ptxVersion >= 90 && !env_is("LILY_CUDA_PDL", "0"));
+  // The lm_head's bulk copies need 9.0 and room for their tiles in shared memory;
+  // LILY_CUDA_STREAM_GEMV=0 keeps the generic GEMV.
+  cuda::set_stream_gemv_enabled(prop.major >= 9 && cuda::stream_gemv_built_for_device() &&
+                                    !env_is("LILY_CUDA_STREAM_GEMV", "0"),
+                                prop.sharedMemPerBlockOptin);
+  stream_gemv_on_ = cuda::stream_gemv_shared_bytes(2048) <= prop.sharedMemPerBlockOptin &&
+                    prop.major >= 9 && cuda::stream_gemv_built_for_device() &&
+                    !env_is("LILY_CUDA_STREAM_GEMV", "0");
   fused_norm_ = env_is("LILY_CUDA_FUSED_NORM", "1");
   fused_conv_ = !env_is("LILY_CUDA_FUSED_CONV", "0");
   LILY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -208,10 +244,42 @@ bool CudaBackend::capturing() const {
   return status != cudaStreamCaptureStatusNone;
 }
 
+std::string CudaBackend::code_path() const {
+  const auto version = [](int v) { return std::to_string(v / 10) + "." + std::to_string(v % 10); };
+  std::string path = "compute capability " + version(compute_capability_) + ", ";
+  if (code_ptx_version_ < code_binary_version_) {
+    path += "JIT-compiled from the compute_" + std::to_string(code_ptx_version_) + " PTX";
+  } else {
+    path += "sm_" + std::to_string(code_binary_version_) + " machine code";
+  }
+  path += cuda::pdl_enabled() ? "; programmatic dependent launch on" : "; programmatic dependent launch off";
+  path += stream_gemv_on_ ? ", bulk-copy lm_head GEMV on" : ", bulk-copy lm_head GEMV off";
+  return path;
+}
+
+void CudaBackend::abort_capture() noexcept {
+  cudaGraph_t graph = nullptr;
+  cudaStreamEndCapture(stream_, &graph);  // ends it even when the capture was invalidated
+  if (graph != nullptr) cudaGraphDestroy(graph);
+  cudaGetLastError();  // a capture error is not sticky: later calls start clean
+}
+
+void CudaBackend::fault_point(FaultSite site) {
+  FaultKind kind = FaultKind::error;
+  if (!take_fault(site, &kind)) return;
+  if (kind == FaultKind::device) {
+    // Recorded into the graph during a capture (the fault then comes at its replay),
+    // queued behind the graph at a replay, run at once in an eager step.
+    cuda::launch_poison_context(stream_);
+    return;
+  }
+  throw std::runtime_error(std::string("injected error (--test-fault) at cuda backend, ") +
+                           fault_site_name(site));
+}
+
 void* CudaBackend::device_alloc(size_t bytes) {
   require(!capturing(), "alloc", "no allocation during graph capture");
-  void* ptr = nullptr;
-  LILY_CUDA_CHECK(cudaMalloc(&ptr, round_up(std::max<size_t>(bytes, 1))));
+  void* ptr = malloc_or_explain(round_up(std::max<size_t>(bytes, 1)), "a buffer");
   allocations_.push_back(ptr);
   allocated_ += round_up(std::max<size_t>(bytes, 1));
   // Zero-filled, as the contract says; synchronous, but allocation only happens at set-up.
@@ -308,6 +376,7 @@ int CudaBackend::end_capture() {
 void CudaBackend::replay(int graph) {
   require(graph >= 0 && static_cast<size_t>(graph) < graphs_.size(), "replay", "unknown graph");
   LILY_CUDA_CHECK(cudaGraphLaunch(graphs_[static_cast<size_t>(graph)], stream_));
+  fault_point(FaultSite::replay);  // test only (--test-fault); nothing when no fault is armed
 }
 
 // ---- weights ----------------------------------------------------------------------------

@@ -62,6 +62,9 @@ class CudaBackend final : public Backend {
   void begin_capture() override;
   int end_capture() override;
   void replay(int graph) override;
+  void abort_capture() noexcept override;
+  void fault_point(FaultSite site) override;
+  std::string code_path() const override;
 
   void embed(const QuantView& table, const int32_t* ids, int64_t n, float* out) override;
   void matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
@@ -154,6 +157,12 @@ class CudaBackend final : public Backend {
 
   cudaStream_t stream_ = nullptr;
   std::string device_name_;
+  // The device's compute capability and the code it runs (major * 10 + minor each): the
+  // machine code's architecture and the PTX it came from (lower when JIT-compiled).
+  int compute_capability_ = 0;
+  int code_binary_version_ = 0;
+  int code_ptx_version_ = 0;
+  bool stream_gemv_on_ = false;  // for in = 2048 (the lm_head), as stream_gemv_applies decides
   std::unique_ptr<CudaWorkspace> workspace_;
   std::map<std::string, cuda::QuantMatrix> quant_;  // by weight_key (cuda_backend.cu)
   std::map<std::string, const float*> dense_;

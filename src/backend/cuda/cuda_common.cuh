@@ -10,15 +10,22 @@
 
 namespace lily::cuda {
 
-// Throws std::runtime_error naming the call, file and line when a CUDA API call fails.
-#define LILY_CUDA_CHECK(call)                                                              \
-  do {                                                                                     \
-    const cudaError_t lily_status_ = (call);                                               \
-    if (lily_status_ != cudaSuccess) {                                                     \
-      throw std::runtime_error(std::string("CUDA error: ") + #call + ": " +                \
-                               cudaGetErrorString(lily_status_) + " at " + __FILE__ + ":" + \
-                               std::to_string(__LINE__));                                  \
-    }                                                                                      \
+// Whether `status` leaves the CUDA context unusable for the rest of the process ("sticky"
+// errors: an illegal address, a trap, an uncorrectable ECC error...): every later call
+// returns it again, so nothing on this device can run any more.
+bool poisons_context(cudaError_t status);
+
+// Throws, naming the call, file and line: DeviceFault (core/error.h) when the error poisons
+// the context, std::runtime_error otherwise (a bad launch configuration, out of memory...).
+[[noreturn]] void throw_cuda_error(cudaError_t status, const char* call, const char* file,
+                                   int line);
+
+#define LILY_CUDA_CHECK(call)                                                 \
+  do {                                                                        \
+    const cudaError_t lily_status_ = (call);                                  \
+    if (lily_status_ != cudaSuccess) {                                        \
+      ::lily::cuda::throw_cuda_error(lily_status_, #call, __FILE__, __LINE__); \
+    }                                                                         \
   } while (0)
 
 // After a kernel launch: a bad configuration shows up here, not at a later sync.

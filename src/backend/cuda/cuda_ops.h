@@ -69,17 +69,29 @@ inline constexpr int64_t kMaxFusedRouteK = 16;
 // out[t, :] = dequant(table row ids[t])                 ids [n] i32; out [n, in] f32
 void embed(const QuantMatrix& table, const int32_t* ids, int64_t n, float* out, cudaStream_t s);
 
+// ---- cuda_faults.cu ---------------------------------------------------------------------
+// Test only (--test-fault ...:device): a kernel storing through a null pointer, which
+// poisons the context exactly as a kernel bug does; the error surfaces at the next sync.
+void launch_poison_context(cudaStream_t s);
+
 // y[t, r] = sum_c W[row_begin + r, c] x[t, c]            x [n, in] f32; y [n, rows] f32; n <= 8
 void gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
           float* y, cudaStream_t s);
 
 // ---- stream_gemv.cu (gemv of one token over a tall Q4 matrix: lm_head) ------------------
 // gemv routes here when stream_gemv_applies: n == 1, Q4, in of 1024 or 2048, at least
-// kStreamGemvMinRows rows, 16-byte aligned buffers, and the kernel enabled (CudaBackend does on
-// compute capability 9.0, for the bulk copies, unless LILY_CUDA_STREAM_GEMV=0).
+// kStreamGemvMinRows rows, 16-byte aligned buffers, the kernel enabled (CudaBackend does when
+// the code running on the device was built for compute capability 9.0+, for the bulk copies,
+// unless LILY_CUDA_STREAM_GEMV=0) and its tiles fitting the device's shared memory per block
+// (144 KB for in = 2048: an H100/H200 has 227 KB, sm_86/89/120 GPUs 99 KB).
 // Same contract and bit-identical results; persistent blocks keep tiles of rows in flight.
 inline constexpr int64_t kStreamGemvMinRows = 32768;
-void set_stream_gemv_enabled(bool on);
+void set_stream_gemv_enabled(bool on, size_t max_shared_bytes_per_block);
+// Dynamic shared memory the kernel needs for rows of `in` values (1024 or 2048; 0 otherwise).
+size_t stream_gemv_shared_bytes(int64_t in);
+// Whether the kernel's body is in the code the device runs: built for sm_90 or newer (a
+// device JIT-compiling the compute_80 PTX gets an empty kernel, so it must stay off there).
+bool stream_gemv_built_for_device();
 bool stream_gemv_applies(const QuantMatrix& w, int64_t rows, const float* x, int64_t n);
 void stream_gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, float* y,
                  cudaStream_t s);

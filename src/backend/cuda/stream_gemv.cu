@@ -227,15 +227,35 @@ void launch_stream(const QuantMatrix& w, int64_t row_begin, int64_t rows, const 
 }
 
 std::atomic<bool> g_stream_gemv{false};
+std::atomic<size_t> g_max_shared_bytes{0};
 
 }  // namespace
 
-void set_stream_gemv_enabled(bool on) { g_stream_gemv.store(on, std::memory_order_relaxed); }
+void set_stream_gemv_enabled(bool on, size_t max_shared_bytes_per_block) {
+  g_stream_gemv.store(on, std::memory_order_relaxed);
+  g_max_shared_bytes.store(max_shared_bytes_per_block, std::memory_order_relaxed);
+}
+
+size_t stream_gemv_shared_bytes(int64_t in) {
+  if (in == 1024) return static_cast<size_t>(kStages) * TileLayout<1>::kStageBytes;
+  if (in == 2048) return static_cast<size_t>(kStages) * TileLayout<2>::kStageBytes;
+  return 0;
+}
+
+bool stream_gemv_built_for_device() {
+  cudaFuncAttributes attributes{};
+  LILY_CUDA_CHECK(cudaFuncGetAttributes(&attributes, stream_gemv_kernel<2>));
+  // ptxVersion is the virtual architecture the running code came from (90 for sm_90a
+  // machine code, 80 when the driver JIT-compiled the compute_80 PTX).
+  return attributes.ptxVersion >= 90;
+}
 
 bool stream_gemv_applies(const QuantMatrix& w, int64_t rows, const float* x, int64_t n) {
   return g_stream_gemv.load(std::memory_order_relaxed) && n == 1 && w.bits == 4 &&
-         (w.in == 1024 || w.in == 2048) && rows >= kStreamGemvMinRows && aligned16(x) &&
-         aligned16(w.codes) && aligned16(w.scales) && aligned16(w.biases);
+         (w.in == 1024 || w.in == 2048) &&
+         stream_gemv_shared_bytes(w.in) <= g_max_shared_bytes.load(std::memory_order_relaxed) &&
+         rows >= kStreamGemvMinRows && aligned16(x) && aligned16(w.codes) &&
+         aligned16(w.scales) && aligned16(w.biases);
 }
 
 void stream_gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, float* y,
@@ -244,7 +264,8 @@ void stream_gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const fl
     throw std::invalid_argument(
         "cuda::stream_gemv: needs one token, Q4 rows of 1024 or 2048 values, at least " +
         std::to_string(kStreamGemvMinRows) + " rows inside the matrix, 16-byte aligned buffers "
-        "and the kernel enabled (compute capability 9.0, not LILY_CUDA_STREAM_GEMV=0)");
+        "and the kernel enabled (code built for sm_90+, its tiles fitting the shared memory, "
+        "not LILY_CUDA_STREAM_GEMV=0)");
   }
   if (w.in == 1024) {
     launch_stream<1>(w, row_begin, rows, x, y, s);

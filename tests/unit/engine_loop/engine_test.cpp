@@ -8,11 +8,13 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "../model/tiny_model_fixture.h"
 #include "backend/backend.h"
+#include "backend/fault_injection.h"
 #include "engine/engine.h"
 #include "engine/generator.h"
 #include "engine/session_cache.h"
@@ -294,6 +296,79 @@ TEST(EngineLoop, BadRequestFailsWithoutStoppingTheThread) {
   const EngineResult after = engine.submit(request(tokens(5, 2), 2)).result.get();
   ASSERT_TRUE(after.ok()) << after.error;
   EXPECT_EQ(after.completion_tokens, 2);
+}
+
+// A decode op failing with an ordinary error fails its request only; the queued one behind
+// it runs as if nothing happened (--test-fault step:error on the CPU backend).
+TEST(EngineLoop, OpErrorFailsOnlyItsRequest) {
+  auto cache = make_cache();
+  Gate gate;
+  std::latch started(1);
+  bool fault_handler_called = false;
+  Engine engine(tiny().model, *cache, Engine::kDefaultQueueCapacity, nullptr,
+                [&fault_handler_called](const std::string&) { fault_handler_called = true; });
+  OpenOnExit opener{gate};
+  tiny().backend->arm_fault({FaultSite::step, FaultKind::error, 3});
+  Submission a = engine.submit(blocking_request(started, gate, 16));
+  started.wait();
+  const auto next_prompt = tokens(6, 11);
+  Submission b = engine.submit(request(next_prompt, 5));
+  gate.open();
+
+  const EngineResult ra = a.result.get();
+  EXPECT_FALSE(ra.ok());
+  EXPECT_NE(ra.error.find("generation failed: injected error (--test-fault) at cpu backend, step"),
+            std::string::npos)
+      << ra.error;
+  const EngineResult rb = b.result.get();
+  ASSERT_TRUE(rb.ok()) << rb.error;
+  GenerationOptions options;
+  options.max_tokens = 5;
+  EXPECT_EQ(rb.tokens, direct(next_prompt, options).tokens);
+  EXPECT_FALSE(engine.device_failed());
+  EXPECT_FALSE(fault_handler_called);
+  EXPECT_EQ(cache->checked_out_count(), 0u);
+}
+
+// A lost device (DeviceFault) fails the request in flight and every queued one, refuses new
+// ones, and reports once to the handler (--test-fault step:device on the CPU backend).
+TEST(EngineLoop, DeviceFaultFailsEverythingHeldAndRefusesNewRequests) {
+  auto cache = make_cache();
+  Gate gate;
+  std::latch started(1);
+  std::mutex mutex;
+  std::vector<std::string> reports;
+  auto engine = std::make_unique<Engine>(
+      tiny().model, *cache, Engine::kDefaultQueueCapacity, nullptr,
+      [&](const std::string& what) {
+        std::lock_guard<std::mutex> lock(mutex);
+        reports.push_back(what);
+      });
+  OpenOnExit opener{gate};
+  // Past the steps the pipelined decode issues before the first token reaches on_token.
+  tiny().backend->arm_fault({FaultSite::step, FaultKind::device, 3});
+  Submission a = engine->submit(blocking_request(started, gate, 16));
+  started.wait();
+  Submission b = engine->submit(request(tokens(5, 3), 3));
+  Submission c = engine->submit(request(tokens(5, 4), 3));
+  ASSERT_EQ(engine->queued(), 2u);
+  gate.open();
+
+  const std::string expected =
+      std::string(kDeviceFailedError) + "injected device fault (--test-fault) at cpu backend, step";
+  for (Submission* s : {&a, &b, &c}) {
+    const EngineResult r = s->result.get();
+    EXPECT_FALSE(r.ok());
+    EXPECT_EQ(r.error, expected);
+  }
+  EXPECT_TRUE(engine->device_failed());
+  Submission later = engine->submit(request(tokens(5, 5), 3));
+  EXPECT_EQ(later.status, SubmitStatus::device_failed);
+  EXPECT_FALSE(later.result.valid());
+  engine->shutdown();  // the thread has already ended; shutdown still joins it
+  std::lock_guard<std::mutex> lock(mutex);
+  ASSERT_EQ(reports.size(), 1u);
+  EXPECT_EQ(reports[0], "injected device fault (--test-fault) at cpu backend, step");
 }
 
 }  // namespace
