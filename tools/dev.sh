@@ -12,7 +12,7 @@ jobs=$(nproc)
 
 apt_packages=(build-essential cmake pkg-config git python3 python3-prometheus-client python3-jinja2
   nlohmann-json3-dev libutf8proc-dev libboost1.81-dev libgtest-dev libgmock-dev libbenchmark-dev
-  clang libclang-rt-14-dev)
+  clang libclang-rt-14-dev haproxy)
 
 install_deps() {
   local missing=()
