@@ -203,6 +203,17 @@ class HAProxy:
         except OSError:
             return ""
 
+    def wait_started(self, servers: list[str]) -> bool:
+        """False if HAProxy exits first (its port was taken); else once every server is UP
+        and has been checked once."""
+        def ready():
+            if self.proc.poll() is not None:
+                return "exited"
+            return os.path.exists(self.socket) and all(
+                self.status(n) == "UP" and self.check(n) not in ("", "INI") for n in servers)
+        return wait_for("HAProxy's stats socket, the replicas UP and checked once", ready,
+                        debug=self.log_text) is True
+
     def check(self, server: str) -> str:
         """The last health check's result (L4OK, L7OK, L7STS, ...; INI before the first)."""
         try:
@@ -440,23 +451,16 @@ class ReplicaTest:
             with open(config, "w", encoding="utf-8") as f:
                 f.write(render_config(template, self.lb_port, sorted(self.ports.items()), stats_socket))
             self.haproxy = HAProxy(self.args.haproxy, config, self.tmp.name, stats_socket)
-            try:
-                wait_for("HAProxy's stats socket, three replicas UP and checked once",
-                         lambda: os.path.exists(stats_socket) and all(
-                             self.haproxy.status(n) == "UP" and
-                             self.haproxy.check(n) not in ("", "INI") for n in self.ports),
-                         debug=self.haproxy.log_text)
-            except AssertionError:
-                self.haproxy.stop()
-                if attempt == 2:
-                    raise
-                continue
-            stats = self.haproxy.stats()
-            for name in self.ports:  # an HTTP check of /health, not a bare TCP connect
-                if (self.haproxy.check(name), stats[name]["check_code"]) != ("L7OK", "200"):
-                    fail(f"HAProxy's check of {name}: {stats[name]['check_status']} "
-                         f"{stats[name]['check_code']}, expected L7OK 200 (option httpchk)")
-            return
+            if self.haproxy.wait_started(list(self.ports)):
+                break
+            self.haproxy.stop()
+            if attempt == 2:
+                fail(f"HAProxy exited at start three times:\n{self.haproxy.log_text()}")
+        stats = self.haproxy.stats()
+        for name in self.ports:  # an HTTP check of /health, not a bare TCP connect
+            if (self.haproxy.check(name), stats[name]["check_code"]) != ("L7OK", "200"):
+                fail(f"HAProxy's check of {name}: {stats[name]['check_status']} "
+                     f"{stats[name]['check_code']}, expected L7OK 200 (option httpchk)")
 
     def teardown(self):
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -773,8 +777,8 @@ class ReplicaTest:
                 phase()
                 self.walls[name] = round(time.monotonic() - phase_start, 1)
                 print(f"ok: {name} ({self.walls[name]} s)", flush=True)
-        except AssertionError as error:
-            print(f"FAIL: {error}", file=sys.stderr)
+        except Exception as error:  # noqa: BLE001 (every failure is reported the same way)
+            print(f"FAIL: {type(error).__name__}: {error}", file=sys.stderr)
             if self.haproxy is not None:
                 print(f"--- haproxy log (last lines)\n{self.haproxy.log_text()}", file=sys.stderr)
             return 1
