@@ -55,7 +55,7 @@ REFUSE = {
     "extra-tensor": ["--break", "extra-tensor"],
     "tiny-without-marker": ["--break", "tiny-without-marker"],
 }
-# Fields whose tiny value differs from production (product.md table).
+# Fields whose tiny value differs from production (docs/checkpoint.md, "The tiny test profile").
 TINY_VS_PRODUCTION_FIELDS = [
     "hidden_size", "num_hidden_layers", "layer_types", "num_attention_heads", "num_key_value_heads",
     "linear_num_key_heads", "linear_num_value_heads", "num_experts", "moe_intermediate_size",

@@ -1,16 +1,14 @@
-# Independent stdlib-only writer of a tiny-profile MLX-format Qwen3.6 checkpoint, written from the spec documents only (not lily's source).
+# Independent stdlib-only writer of a tiny-profile MLX-format Qwen3.6 checkpoint, written from the checkpoint contract only (not lily's source).
 """Write a complete tiny-profile Qwen3.6-35B-A3B checkpoint in the MLX on-disk layout.
 
-Sources (and the only sources) used:
-  * /work/shared/spec/product.md: "The checkpoint contract", "The tiny test profile".
-  * /work/shared/reference/lily-reference.md section 1 (files, config.json, sharded
-    safetensors, quantized projection rules, tensor inventory, norms) and section 2
-    (MLX affine quantization: U32 codes packed low bits first along the input
-    dimension, BF16 scales/biases [out, in/64]).
-  * /work/shared/reference/qwen36-architecture.md section 1 (config.json keys, the
-    quantization block with 8-bit overrides), section 2 (MLX names and shapes, conv1d
-    [C, 4, 1], +1 baked into every norm except linear_attn.norm), section 4 (tokenizer,
-    the 33 special tokens in production order).
+Written from the checkpoint contract alone, never from lily's code; docs/checkpoint.md states it:
+  * "Files", "safetensors shards", "config.json" (keys, the quantization block with its
+    8-bit overrides, the marker) and "The tiny test profile" (the shape table);
+  * "Tensor inventory" (names and shapes, Q4/Q8, conv1d [C, K, 1], +1 baked into every
+    norm except linear_attn.norm) and "MLX affine quantization" (U32 codes packed low bits
+    first along the input dimension, BF16 scales/biases [out, in/64]);
+  * "tokenizer.json" (the Qwen3.6 tokenizer: split pattern, the 33 added tokens in
+    production order).
 
 The file layout is deliberately different from any "natural" writer: tensors are spread
 over several shards at random, the header lists them in a shuffled (non-alphabetical)
@@ -36,7 +34,7 @@ import struct
 import sys
 
 # ---------------------------------------------------------------------------------------
-# The tiny profile (product.md, "The tiny test profile").
+# The tiny profile (docs/checkpoint.md, "The tiny test profile").
 # ---------------------------------------------------------------------------------------
 TINY = {
     "hidden_size": 256,
@@ -65,7 +63,7 @@ GROUP_SIZE = 64
 DEFAULT_BITS = 4
 GATE_BITS = 8  # router (mlp.gate) and mlp.shared_expert_gate
 
-# qwen36-architecture.md section 4: the 33 special tokens, production order (248044..248076).
+# The 33 added tokens in production order (248044..248076; docs/checkpoint.md, "tokenizer.json").
 SPECIAL_TOKENS = [
     "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
     "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>",
@@ -83,7 +81,7 @@ def special_id(tok: str) -> int:
     return FIRST_SPECIAL_ID + SPECIAL_TOKENS.index(tok)
 
 
-# Split regex from qwen36-architecture.md section 4 (exact string).
+# The Qwen3.5/3.6 split pattern (docs/checkpoint.md, "tokenizer.json"; exact string).
 QWEN35_SPLIT_REGEX = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
     r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -132,12 +130,12 @@ def pack_codes(codes, bits: int) -> bytes:
     return _le(words)
 
 
-# Self-check against the fixture quoted in lily-reference.md section 2.
+# Self-check against the packing example in docs/checkpoint.md, "MLX affine quantization".
 assert pack_codes([0, 0, 1, 1, 1, 1, 2, 2], 4) == struct.pack("<I", 0x22111100)
 
 
 # ---------------------------------------------------------------------------------------
-# Tensor inventory (lily-reference.md 1.5, qwen36-architecture.md 2 "MLX conversion").
+# Tensor inventory (docs/checkpoint.md, "Tensor inventory").
 # ---------------------------------------------------------------------------------------
 class Tensor:
     __slots__ = ("name", "dtype", "shape", "data")
@@ -278,7 +276,7 @@ def vision_tensors(gen: Gen) -> list[Tensor]:
 
 
 # ---------------------------------------------------------------------------------------
-# config.json (qwen36-architecture.md section 1; lily-reference.md 1.2; product.md).
+# config.json (docs/checkpoint.md, "config.json" and "The tiny test profile").
 # ---------------------------------------------------------------------------------------
 def build_config(args, n_layers: int) -> dict:
     c = TINY
@@ -370,7 +368,7 @@ def build_config(args, n_layers: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------------
-# Tokenizer (qwen36-architecture.md section 4; product.md tiny tokenizer).
+# Tokenizer (docs/checkpoint.md, "tokenizer.json" and the tiny tokenizer rule).
 # ---------------------------------------------------------------------------------------
 def bytes_to_unicode() -> list[tuple[int, str]]:
     """GPT-2 byte-level alphabet, in the usual vocabulary order (printables first)."""
