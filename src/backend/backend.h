@@ -135,8 +135,9 @@ class Backend {
 
   // matmul of one input x [n, in] by several weights: the model's fused projection groups
   // (GDN qkv|z|a|b, attention q|k|v, router|shared-expert gate). Same contract as matmul for
-  // each target. A device backend issues a group as one launch where it can (lily-reference
-  // §9.9); the default runs the targets one after another.
+  // each target. A device backend issues a group as one launch where it can, as Lily fuses its
+  // decode GEMVs (docs/cuda.md, *What one step launches*); the default runs the targets one
+  // after another.
   virtual void matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t n);
   // add_rms_norm(residual, delta, gain, n, dim, eps, normed), then matmul_group(targets,
   // normed, n): a residual add + norm and the projection group that reads its output. A

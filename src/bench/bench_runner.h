@@ -1,4 +1,4 @@
-// `lily bench`'s measurement contract (lily-reference §10.1), over any backend through the model.
+// `lily bench`'s measurement contract (Lily's; docs/bench.md), over any backend through the model.
 #pragma once
 
 #include <cstdint>

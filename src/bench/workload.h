@@ -1,4 +1,4 @@
-// The benchmark's fixed workload (lily-reference §10.1): the synthetic prompt and the token digest.
+// The benchmark's fixed workload (docs/bench.md): the synthetic prompt and the token digest.
 #pragma once
 
 #include <cstdint>

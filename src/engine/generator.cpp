@@ -109,11 +109,11 @@ struct DecodeLoop {
     return std::nullopt;
   }
 
-  // Depth-2 pipelining (lily-reference §8.3): the step that feeds token i is submitted before
-  // token i is read (the device feeds it from its own memory), so the host reads each token
-  // while the next step runs. Token 0 came from submit_prefill into slot 0; so does the first
-  // token after forced tokens, and both are acted on before the next step is submitted (a stop
-  // there leaves it unfed, as Lily's stop on token 0).
+  // Depth-2 pipelining, as Lily's (docs/session-cache.md): the step that feeds token i is
+  // submitted before token i is read (the device feeds it from its own memory), so the host
+  // reads each token while the next step runs. Token 0 came from submit_prefill into slot 0;
+  // so does the first token after forced tokens, and both are acted on before the next step is
+  // submitted (a stop there leaves it unfed, as Lily's stop on token 0).
   GenerationResult pipelined(const int32_t* record) {
     const TokenChoice& choice = options.choice;
     if (std::vector<int32_t> forced = take_forced(); !forced.empty()) {

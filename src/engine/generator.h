@@ -46,12 +46,12 @@ struct GenerationOptions {
 struct GenerationResult {
   std::vector<int32_t> tokens;  // includes the stop token when one ended generation
   std::string finish_reason;    // "stop", "length" or "cancelled"
-  // Generated tokens fed into the state, as Lily counts them; on_token's stop counts as a cancel (lily-reference §8.3): a stop at
-  // token i >= 1 feeds tokens 0..i (the overshoot step fed the stop token); ending on the length
-  // limit does not feed the last token; a stop on token 0 or max_tokens = 1 feeds none. A
-  // cancel at token i >= 1 leaves tokens 0..i fed when decode was pipelined (the step after it
-  // was already submitted) and 0..i-1 when it ran step by step (top_logits). The state then
-  // holds prompt + tokens[0, fed).
+  // Generated tokens fed into the state, as Lily counts them (docs/session-cache.md); on_token's
+  // stop counts as a cancel. A stop at token i >= 1 feeds tokens 0..i (the overshoot step fed
+  // the stop token); ending on the length limit does not feed the last token; a stop on token 0
+  // or max_tokens = 1 feeds none. A cancel at token i >= 1 leaves tokens 0..i fed when decode
+  // was pipelined (the step after it was already submitted) and 0..i-1 when it ran step by step
+  // (top_logits). The state then holds prompt + tokens[0, fed).
   int64_t fed = 0;
   // Prompt tokens left unfed because prefill was cancelled (0 otherwise): the state holds
   // prompt[0, size - prompt_unfed) and no generated token.

@@ -1,4 +1,4 @@
-// Session prefix cache (lily-reference §7): prefix and snapshot lookup, keys, LRU, leases.
+// Session prefix cache (docs/session-cache.md): prefix and snapshot lookup, keys, LRU, leases.
 #include "engine/session_cache.h"
 
 #include <algorithm>

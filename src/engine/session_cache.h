@@ -1,4 +1,4 @@
-// Session prefix cache (lily-reference §7): DecodeStates reused on a strict prefix or a snapshot.
+// Session prefix cache (docs/session-cache.md): DecodeStates reused on a strict prefix or snapshot.
 #pragma once
 
 #include <cstddef>

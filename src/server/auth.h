@@ -15,9 +15,9 @@ bool constant_time_equals(std::string_view a, std::string_view b);
 bool bearer_token_matches(const std::optional<std::string>& authorization,
                           std::string_view api_key);
 
-// The start-up rule (product.md): loopback addresses may run without a key; any other bind
-// address needs --api-key unless --no-auth is given. Throws InputError when it is missing, or
-// when both are given. `is_loopback` describes the bound address.
+// The start-up rule (docs/server.md, *Command line*): loopback addresses may run without a key;
+// any other bind address needs --api-key unless --no-auth is given. Throws InputError when it
+// is missing, or when both are given. `is_loopback` describes the bound address.
 void check_auth_configuration(bool is_loopback, const std::optional<std::string>& api_key,
                               bool no_auth, std::string_view bind_address);
 

@@ -14,7 +14,7 @@
 
 namespace lily {
 
-// The one model id the server exposes (lily-reference §6.2).
+// The one model id the server exposes, as Lily does (docs/api.md, *200 models*).
 inline constexpr std::string_view kServedModelId = "Qwen3.6-35B-A3B";
 
 // Which request contract the server applies (docs/api.md):
@@ -145,8 +145,8 @@ std::string render_request_prompt(const ChatRequest& request, bool thinking = fa
 // prompt + max_tokens + 1 > max_seq ("request needs N tokens but server max_seq is M").
 uint64_t checked_max_tokens(uint64_t prompt_tokens, uint64_t max_tokens, uint64_t max_seq);
 
-// Start-up clamp (lily-reference §6.1): min(cli, declared) when declared > 0, else cli; the
-// result must be >= 2. Throws InputError("max_seq must be at least 2 ...").
+// Lily's start-up clamp (docs/api.md, *The budget*): min(cli, declared) when declared > 0, else
+// cli; the result must be >= 2. Throws InputError("max_seq must be at least 2 ...").
 uint64_t clamp_max_seq(uint64_t cli_max_seq, uint64_t declared_max_position_embeddings);
 
 }  // namespace lily

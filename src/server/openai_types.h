@@ -46,7 +46,7 @@ struct ApiToolCall {
   std::string arguments;  // a JSON object as text
 };
 
-// Everything a 200 chat-completion response carries (lily-reference §6.5).
+// Everything a 200 chat-completion response carries (docs/api.md, *200 chat completion*).
 struct CompletionResult {
   std::string id;
   int64_t created = 0;

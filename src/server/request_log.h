@@ -1,4 +1,4 @@
-// Lily's one-line-per-request log format (lily-reference §6.6) and its Rust-style quoting.
+// Lily's one-line-per-request log format (docs/server.md, *One request*), Rust-style quoting.
 #pragma once
 
 #include <cstdint>

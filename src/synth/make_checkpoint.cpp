@@ -35,7 +35,7 @@ std::string shard_name(size_t index, size_t count) {
 }  // namespace
 
 std::string synthetic_generation_config_json(uint32_t endoftext_id, uint32_t im_end_id) {
-  // The Qwen3.5/3.6 family's generation_config.json (qwen36-architecture.md §4): sampling on,
+  // The Qwen3.5/3.6 family's generation_config.json (docs/checkpoint.md): sampling on,
   // temperature 1.0, top_k 20, top_p 0.95; eos both <|im_end|> and <|endoftext|>.
   OrderedJson out = OrderedJson::object();
   out["bos_token_id"] = endoftext_id;

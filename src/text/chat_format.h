@@ -82,12 +82,12 @@ ContentPartKind template_content_part_kind(const Json& part);
 std::string_view media_part_kind(std::string_view type);
 ContentPartKind template_content_part_kind(const OrderedJson& part);
 
-// The HTTP API's extra rules (lily-reference §6.3 steps 4–5, widened for agent loops): at least
-// one message, and the last one has role user or tool (a tool result continues the assistant's
-// turn). render-chat does not apply them. Throws InputError.
+// The HTTP API's extra rules (Lily's validation steps 4–5 in docs/api.md, widened for agent
+// loops): at least one message, and the last one has role user or tool (a tool result continues
+// the assistant's turn). render-chat does not apply them. Throws InputError.
 void check_chat_request_messages(const std::vector<ChatMessage>& messages);
 
-// Lily's nothink history rewrite (lily-reference §5): every assistant message whose index is
+// Lily's nothink history rewrite (docs/chat-format.md §3): every assistant message whose index is
 // at most the index of the last user message gets `content` prefixed with kEmptyThinkBlock
 // (unless it already starts with exactly that) and `reasoning_content` = "". Others pass
 // unchanged. Tool calls and every other field are kept.
