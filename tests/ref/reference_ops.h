@@ -64,7 +64,11 @@ std::vector<double> conv1d_silu(std::span<const double> mixed, std::vector<doubl
                                 const DenseView& weight, const GatedDeltaNetDims& dims,
                                 int64_t n);
 
-// The gated delta rule (architecture notes §3.2 steps 3-7) over n tokens; state [Hv, Dk, Dv].
+// The gated delta rule over n tokens (transformers' Qwen3.5 semantics); state [Hv, Dk, Dv]. Per
+// token, conv splits into q [Hk, Dk] | k [Hk, Dk] | v [Hv, Dv]; value head h reads key head
+// h / (Hv / Hk); q and k are L2-normalised (eps 1e-6), q also scaled by 1/sqrt(Dk);
+// beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias); then S <- exp(g) S,
+// delta = beta (v - S^T k), S <- S + k delta^T, out = S^T q (the read sees the updated state).
 std::vector<double> gated_delta_rule(std::span<const double> conv, std::span<const double> a,
                                      std::span<const double> b, const DenseView& a_log,
                                      const DenseView& dt_bias, std::vector<double>& state,

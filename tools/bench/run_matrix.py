@@ -1,5 +1,5 @@
 # Fail-closed benchmark matrix: `lily bench` over many contexts and rounds -> JSON reports, summary, markdown table, SVG plot.
-"""Benchmark matrix runner for `lily bench` (issue 6, lily-reference §10.3).
+"""Benchmark matrix runner for `lily bench` (issue 6; docs/bench.md, "The matrix").
 
 Runs `lily bench` once per (context, round) arm, each arm in a fresh process. Round 0 runs the
 contexts ascending, round 1 descending, and so on alternately. Every report is validated as it

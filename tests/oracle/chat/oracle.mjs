@@ -126,7 +126,7 @@ function portable(content) {
 
 // ---- the reference: Lily's message rules and history rewrite ------------------------------
 
-// Lily's own rules (lily-reference §6.3): an array of objects with exactly role and content,
+// Lily's own rules (docs/chat-format.md §1): an array of objects with exactly role and content,
 // role system/user/assistant, content a string. null when accepted, else what to look for in
 // lily's error text.
 function lilyRule(messages) {
@@ -143,8 +143,9 @@ function lilyRule(messages) {
   return null;
 }
 
-// lily-reference §5: assistant turns at or before the last user turn get the empty think
-// block in front (unless already there) and reasoning_content = "".
+// Lily's nothink history rewrite (docs/chat-format.md §3): assistant turns at or before the
+// last user turn get the empty think block in front (unless already there) and
+// reasoning_content = "".
 function historyRewrite(messages) {
   let lastUser = -1;
   messages.forEach((m, i) => { if (m.role === "user") lastUser = i; });

@@ -8,12 +8,12 @@
 // The expected answer is the engine's rendering of the same conversation in the template's
 // shapes: developer -> system, `reasoning` -> reasoning_content (when reasoning_content is not
 // a string), arguments -> the object the string encodes, and, with thinking disabled, Lily's
-// nothink history rewrite (lily-reference §5); kwargs enable_thinking=false when disabled,
+// nothink history rewrite (docs/chat-format.md §3); kwargs enable_thinking=false when disabled,
 // undefined or true when enabled, preserve_thinking as given. Or an error: Lily's input rules
 // (fixed cases) or the template's raise_exception() text.
 //
 // --engine hf (chat_oracle_tools, required): @huggingface/jinja. Seeded values stay away from
-//   what the library renders unlike Python (docs/chat-format.md §7): integral and exponent-form
+//   what the library renders unlike Python (docs/chat-format.md §8): integral and exponent-form
 //   floats, integers past 2^53, integer-like object keys, and the whitespace of oracle.mjs.
 //   The DIVERGENCES cases pin those: Jinja2's answer is the library's with one substring
 //   replaced, and the harness confirms the library still differs.
@@ -132,7 +132,7 @@ function generator(seed, python) {
     if (python && r < 0.6) { pythonOnly = true; return new Num(rng.chance(0.7) ? rng.pick(PYTHON_FLOATS) : rng.pick(PYTHON_INTS)); }
     if (python && r < 0.7) {
       // Integer literals beyond 64 bits are the one thing lily reads differently (as floats;
-      // docs/chat-format.md §7), so such values are written in exponent form.
+      // docs/chat-format.md §8), so such values are written in exponent form.
       pythonOnly = true;
       const v = (rng() - 0.5) * 10 ** (rng.int(60) - 30);
       const t = String(v);

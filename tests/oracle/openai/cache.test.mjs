@@ -1,13 +1,13 @@
 // OpenAI-client conformance of lily serve's session prefix cache (on --strict; common to both API modes): usage.prompt_tokens_details.cached_tokens, prompt_cache_key steering, LRU eviction.
 //
-// The expected cached_tokens come from lily-reference §7-§8.3 and nothing the server says:
+// The expected cached_tokens come from Lily's rules (docs/session-cache.md), not from the server:
 //   * an entry holds the prompt plus the generated tokens that were fed back: all of them
 //     after a stop token (the stop token included), all but the last after the length
-//     limit, none when max_tokens is 1 (§8.3 "State accounting");
+//     limit, none when max_tokens is 1 ("Which generated tokens are in the state");
 //   * a request reuses the entry whose tokens are a STRICT prefix of its prompt (an equal
 //     entry is no hit), preferring a prompt_cache_key match, then length; a hit takes the
 //     entry out of the cache; a miss with both slots used evicts the least recently used.
-// Token sequences are the HF tokenizer's encoding of §5's rendering (lib.mjs renderChat),
+// Token sequences are the HF tokenizer's encoding of lib.mjs renderChat's rendering,
 // generated ids come from the transformers golden, and every prompt_tokens the server
 // reports is checked against the same encoding.
 import { describe, it, before, after } from 'node:test';
@@ -77,7 +77,7 @@ describe('a conversation continued turn by turn', () => {
 
       const turn2 = [...turn1, { role: 'assistant', content: r1.choices[0].message.content },
         { role: 'user', content: 'And what are the pieces called?' }];
-      const entry = golden.prompt_ids.concat(golden.tokens.slice(0, C1 - 1)); // §8.3: length limit
+      const entry = golden.prompt_ids.concat(golden.tokens.slice(0, C1 - 1)); // last id unfed
       const t2 = await promptIds(tok, turn2);
       assert.ok(isStrictPrefix(entry, t2),
         'precondition (HF tokenizer): turn 2 re-tokenises turn 1 + its answer to the same ids');
@@ -111,7 +111,7 @@ describe('a conversation continued turn by turn', () => {
   it('after a stop, turn 2 reuses the prompt and every generated token, the stop token included', TEST, async () => {
     await withServer(async (client) => {
       const { turn1, r1, content } = await stoppedTurn(client);
-      // The entry is prompt + all C1 generated ids (§8.3: the stop token was fed). Its last id is
+      // The entry is prompt + all C1 generated ids (the stop token was fed). Its last id is
       // <|endoftext|>, so a turn 2 that writes it back (special-token text in a content is
       // that token, as HF tokenizers and the chat template treat it) extends it exactly.
       const turn2 = [...turn1, { role: 'assistant', content: content + ENDOFTEXT }, { role: 'user', content: 'Go on.' }];
@@ -139,7 +139,7 @@ describe('a conversation continued turn by turn', () => {
   it('a request whose prompt equals a cached entry exactly is no hit; its extension is', TEST, async () => {
     await withServer(async (client) => {
       const turn1 = [{ role: 'user', content: CHESS }];
-      // max_tokens 1: nothing generated is fed back, so the entry is exactly the prompt (§8.3)
+      // max_tokens 1: nothing generated is fed back, so the entry is exactly the prompt
       const r1 = await ask(client, turn1, 1);
       assert.equal(cached(r1), 0);
       const P1 = r1.usage.prompt_tokens;

@@ -111,7 +111,7 @@ describe('chat completion through the OpenAI client (tiny seed-1 checkpoint)', (
     const expected = await tok.decode(golden.tokens);
     assert.ok(expected.includes('\uFFFD'), 'the golden decode exercises the U+FFFD path');
     assert.equal(c.choices[0].message.content, expected);
-    // lily-reference §6.6: one log line per request with these counts.
+    // Lily's log format (docs/server.md, *One request*): one line per request with these counts.
     const line = await server.waitForLine(/^POST \/v1\/chat\/completions 200 /, from);
     assert.match(line, new RegExp(`^POST /v1/chat/completions 200 \\d+ms prompt=${golden.prompt_ids.length} cached=0 completion=32 tok/s=\\d+\\.\\d$`));
   });

@@ -4,8 +4,8 @@
 // mode's refusals are in sampling.test.mjs and tests/server/test_sse.py.
 //
 // Expected statuses, params, codes and messages are docs/api.md's validation table (Lily's
-// order, lily-reference §6.3) and its error envelope; the prompt lengths behind the budget
-// checks come from the HF tokenizer over §5's rendering, not from the server.
+// order) and its error envelope; the prompt lengths behind the budget checks come from the HF
+// tokenizer over docs/chat-format.md's rendering (lib.mjs renderChat), not from the server.
 import { describe, it, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { OpenAI, MODEL_ID, makeCheckpoint, startServer, hfTokenizer, promptIds, rejection } from './lib.mjs';

@@ -8,9 +8,9 @@
 // Expected values in the tests come from outside lily: the OpenAI client's own parsing and
 // error classes, the HF tokenizers library (@anush008/tokenizers, the Rust `tokenizers`
 // crate) over the checkpoint's tokenizer.json, the transformers goldens in tests/goldens,
-// and the rules written in docs/api.md and lily-reference §5-§8 (rendering, budget,
-// session cache). `renderChat` below is §5's layout of the checkpoint template for the
-// accepted API shape; the chat oracle (tests/oracle/chat) checks lily's renderer against
+// and the rules written in docs/api.md, docs/chat-format.md and docs/session-cache.md
+// (rendering, budget, session cache). `renderChat` below is the checkpoint template's layout
+// for the accepted API shape; the chat oracle (tests/oracle/chat) checks lily's renderer against
 // real Jinja, and the tests here check the rendering against the golden prompt ids.
 import { spawn, spawnSync } from 'node:child_process';
 import fs from 'node:fs';
@@ -274,7 +274,7 @@ export const EMPTY_THINK = '<think>\n\n</think>\n\n';
 const PY_WS = '\\t\\n\\v\\f\\r\\x1c-\\x1f \\x85\\xa0\\u1680\\u2000-\\u200a\\u2028\\u2029\\u202f\\u205f\\u3000';
 const pyStrip = (s) => s.replace(new RegExp(`^[${PY_WS}]+|[${PY_WS}]+$`, 'gu'), '');
 
-// lily-reference §5 for the accepted API shape (string contents, optional leading system,
+// docs/chat-format.md §3-§4 for the accepted API shape (string contents, optional leading system,
 // last message user, no tool wrappers): thinking disabled, generation prompt added, and
 // Lily's nothink history rewrite of assistant turns before the last user turn.
 export function renderChat(messages) {

@@ -33,8 +33,9 @@ TEST(BenchWorkload, DigestIsFnv1a64OverWholeU32Values) {
   EXPECT_EQ(digest_hex(token_digest(std::vector<int32_t>{248319, 7, 4065})), "3cb829043c66a17e");
 }
 
-// The tiny shape's traffic from first principles (product.md tiny profile): Q4 weights cost
-// 0.5 byte + 4 bytes of scale/bias per 64 weights = 0.5625 byte per weight; Q8 1.0625.
+// The tiny shape's traffic from first principles (docs/checkpoint.md, *The tiny test profile*):
+// Q4 weights cost 0.5 byte + 4 bytes of scale/bias per 64 weights = 0.5625 byte per weight;
+// Q8 1.0625.
 TEST(DecodeTraffic, TinyProfileMatchesTheShape) {
   const Checkpoint& ck = testing::tiny_checkpoint(5);
   const ModelShape& s = ck.config.shape;

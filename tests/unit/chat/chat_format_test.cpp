@@ -47,7 +47,8 @@ TEST(ChatFormat, SingleUser) {
 }
 
 TEST(ChatFormat, SystemAndUser) {
-  // The rendering quoted in qwen36-architecture.md §5 (jinja2, enable_thinking=False).
+  // What Jinja2 renders from the checkpoint's template here (enable_thinking=False;
+  // docs/chat-format.md §4).
   EXPECT_EQ(render_chat({sys("You are a helpful assistant."), usr("Hello")}),
             "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n<|im_start|>user\nHello"
             "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
@@ -94,7 +95,7 @@ TEST(ChatFormat, AssistantAlreadyStartingWithTheThinkBlockIsNotPrefixedTwice) {
 
 TEST(ChatFormat, ReasoningInsideAnEarlierAssistantTurnStaysInItsContent) {
   // reasoning_content = "" (a string) stops the template splitting at </think>, so the old
-  // reasoning is rendered verbatim after the empty block (Lily's rewrite, lily-reference §5).
+  // reasoning is rendered verbatim after the empty block (Lily's rewrite, docs/chat-format.md §3).
   EXPECT_EQ(render_chat({usr("Q1"), asst("<think>\nr1\n</think>\n\nA1"), usr("Q2")}),
             "<|im_start|>user\nQ1<|im_end|>\n"
             "<|im_start|>assistant\n<think>\n\n</think>\n\n<think>\nr1\n</think>\n\nA1<|im_end|>\n"

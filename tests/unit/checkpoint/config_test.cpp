@@ -379,7 +379,7 @@ void PrintTo(const ConfigField& field, std::ostream* out) {
 }
 
 // The one field read by nobody: text_config's eos_token_id, which the top-level
-// eos_token_id replaces (lily-reference.md 1.2).
+// eos_token_id replaces (docs/checkpoint.md, *config.json*).
 bool ignored_by_design(const std::string& pointer) {
   return pointer == "/text_config/eos_token_id";
 }

@@ -85,7 +85,7 @@ TEST(SessionCache, EqualPromptIsNotAHit) {
   auto cache = make_cache();
   const auto prompt = tokens(10, 1);
   serve(*cache, prompt);
-  // §7: an exact full match is not a hit (a token must be prefilled to get logits).
+  // An exact full match is not a hit (a token must be prefilled to get logits).
   SessionLease lease = cache->acquire(prompt);
   EXPECT_EQ(lease.cached_tokens(), 0);
   EXPECT_EQ(lease.state().position, 0);

@@ -29,8 +29,8 @@ TEST(RequestLog, RustDebugQuoteEscapesLikeRust) {
 }
 
 TEST(RequestLog, CompletionDetailMatchesLilysPinnedExample) {
-  // lily-reference §6.6: `POST /v1/chat/completions 200 5560ms prompt=27 cached=5
-  // completion=160 tok/s=28.8` (160 / 5.56 s = 28.78).
+  // Lily's pinned example (docs/server.md, *One request*): `POST /v1/chat/completions 200
+  // 5560ms prompt=27 cached=5 completion=160 tok/s=28.8` (160 / 5.56 s = 28.78).
   EXPECT_EQ(completion_log_detail(27, 5, 160, 5.560), " prompt=27 cached=5 completion=160 tok/s=28.8");
   EXPECT_EQ(completion_log_detail(3, 0, 0, 0.0), " prompt=3 cached=0 completion=0 tok/s=0.0");
   EXPECT_EQ(error_log_detail("unknown model \"x\""), R"( error="unknown model \"x\"")");
