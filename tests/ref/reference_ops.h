@@ -1,4 +1,4 @@
-// Float64 reference of every backend op, written from the math in backend.h and the architecture notes (test-only).
+// Float64 reference of every backend op, written from backend.h's op contracts (test-only).
 #pragma once
 
 #include <cstdint>
