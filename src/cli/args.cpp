@@ -48,8 +48,9 @@ Args::Args(const std::vector<std::string>& argv, const std::vector<OptionSpec>& 
       std::string text = "options:\n" + describe_options(spec, sources);
       text += "  --help                    this list\n";
       if (!sources.env_prefix.empty()) {
-        text += "\nEvery option but the ones marked [command line only] can also be set by the "
-                "environment\nvariable in brackets";
+        text +=
+            "\nEvery option but the ones marked [command line only] can also be set by the "
+            "environment\nvariable in brackets";
         if (!sources.config_option.empty()) {
           text += " or by a key of the --" + sources.config_option +
                   " file (TOML/INI lines:\nmax-seq = 8192, device = \"cuda\", no-auth = true)";

@@ -12,9 +12,10 @@ struct ConfigEntry {
 };
 
 // Every `key = value` line of the file in order. Throws InputError naming `path` (and the
-// key) when the file cannot be read, a key appears twice, a value is a list or empty, quotes
-// do not pair up, or a [section] appears (lily reads top-level keys only). Whether a key is
-// known is the caller's question.
+// key or line) when the file cannot be read, a key appears twice, a value is a list or empty,
+// a quote is not closed on its line or holds a '#' (CLI11 would cut the value there), or a
+// [section] appears (lily reads top-level keys only). Whether a key is known is the caller's
+// question.
 std::vector<ConfigEntry> read_config_file(const std::string& path);
 
 }  // namespace lily
