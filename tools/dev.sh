@@ -11,8 +11,8 @@ build_dir=${LILY_BUILD_DIR:-$root/build}
 jobs=$(nproc)
 
 apt_packages=(build-essential cmake pkg-config git python3 python3-prometheus-client python3-jinja2
-  nlohmann-json3-dev libutf8proc-dev libboost1.81-dev libgtest-dev libgmock-dev libbenchmark-dev
-  clang libclang-rt-14-dev haproxy)
+  nlohmann-json3-dev libcli11-dev libutf8proc-dev libboost1.81-dev libgtest-dev libgmock-dev
+  libbenchmark-dev clang libclang-rt-14-dev haproxy)
 
 install_deps() {
   local missing=()

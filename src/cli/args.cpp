@@ -1,89 +1,213 @@
-// Minimal command-line option parsing for the lily subcommands.
+// Command-line options of the lily subcommands (parsed by CLI11), plus serve's environment variables and config file.
 #include "cli/args.h"
 
+#include <algorithm>
+#include <cctype>
 #include <charconv>
+#include <cstdlib>
 
+#include <CLI/CLI.hpp>
+
+#include "cli/config_file.h"
 #include "core/error.h"
 
 namespace lily {
 
-Args::Args(const std::vector<std::string>& argv, const std::vector<OptionSpec>& spec) {
+namespace {
+
+const OptionSpec* find_option(const std::vector<OptionSpec>& spec, const std::string& name) {
+  for (const OptionSpec& s : spec) {
+    if (s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+// A flag's value from the environment or a config file: 1/true sets it, 0/false leaves it off.
+bool flag_value(const std::string& source, const std::string& text, const char* expected) {
+  if (text == "1" || text == "true") return true;
+  if (text == "0" || text == "false") return false;
+  throw InputError(source + " is \"" + text + "\", expected " + expected);
+}
+
+}  // namespace
+
+std::string environment_name(const std::string& prefix, const std::string& option) {
+  std::string name = prefix;
+  for (const char c : option) {
+    name += c == '-' ? '_' : static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  }
+  return name;
+}
+
+Args::Args(const std::vector<std::string>& argv, const std::vector<OptionSpec>& spec,
+           const ArgSources& sources) {
+  // --help wins over everything else on the line, even an unknown option before it, so it
+  // is looked for before CLI11 sees the arguments.
   for (const std::string& arg : argv) {
     if (arg == "--help" || arg == "-h") {
-      std::string text = "options:\n" + describe_options(spec);
+      std::string text = "options:\n" + describe_options(spec, sources);
       text += "  --help                    this list\n";
+      if (!sources.env_prefix.empty()) {
+        text +=
+            "\nEvery option but the ones marked [command line only] can also be set by the "
+            "environment\nvariable in brackets";
+        if (!sources.config_option.empty()) {
+          text += " or by a key of the --" + sources.config_option +
+                  " file (TOML/INI lines:\nmax-seq = 8192, device = \"cuda\", no-auth = true)";
+        }
+        text += ". Precedence: command line, then environment,\n";
+        if (!sources.config_option.empty()) text += "then config file, ";
+        text += "then the default (docs/cli.md).\n";
+      }
       throw HelpRequested(std::move(text));
     }
   }
-  for (size_t i = 0; i < argv.size(); ++i) {
-    const std::string& arg = argv[i];
-    if (arg.rfind("--", 0) != 0 || arg.size() == 2) {
-      throw InputError("unexpected argument \"" + arg + "\"; options are:\n" +
-                       describe_options(spec));
+
+  // CLI11 reads the command line. Values are kept as text: each command converts them with
+  // the ranges it needs (uint_or), and the messages name the option the way the user wrote it.
+  // Options take 0 or 1 values and every occurrence is kept, so that a missing value or a
+  // repeated option gets lily's own message instead of CLI11's, and so that `--api-key
+  // --no-auth` is not read as the key "--no-auth".
+  CLI::App app;
+  app.set_help_flag();
+  app.allow_extras();  // left over arguments are reported below, naming the first
+  std::vector<std::pair<const OptionSpec*, CLI::Option*>> options;
+  for (const OptionSpec& s : spec) {
+    CLI::Option* option =
+        s.takes_value ? app.add_option("--" + s.name)->expected(0, 1) : app.add_flag("--" + s.name);
+    option->multi_option_policy(CLI::MultiOptionPolicy::TakeAll);
+    options.emplace_back(&s, option);
+  }
+  std::vector<std::string> reversed(argv.rbegin(), argv.rend());  // CLI11 pops from the back
+  try {
+    app.parse(reversed);
+  } catch (const CLI::ParseError& error) {
+    throw InputError(std::string("bad command line: ") + error.what());
+  }
+  if (const std::vector<std::string> extras = app.remaining(); !extras.empty()) {
+    const std::string& arg = extras.front();
+    if (arg.rfind("--", 0) == 0 && arg.size() > 2) {
+      std::string message = "unknown option ";
+      message += arg.substr(0, arg.find('='));
+      throw InputError(message + "; options are:\n" + describe_options(spec, sources));
     }
-    std::string name = arg.substr(2);
-    std::optional<std::string> inline_value;
-    if (auto eq = name.find('='); eq != std::string::npos) {
-      inline_value = name.substr(eq + 1);
-      name = name.substr(0, eq);
-    }
-    const OptionSpec* option = nullptr;
-    for (const OptionSpec& s : spec) {
-      if (s.name == name) option = &s;
-    }
-    if (option == nullptr) {
-      throw InputError("unknown option --" + name + "; options are:\n" + describe_options(spec));
-    }
-    if (values_.count(name) != 0) throw InputError("option --" + name + " is given twice");
-    if (!option->takes_value) {
-      if (inline_value) throw InputError("option --" + name + " takes no value");
-      values_[name] = "";
+    throw InputError("unexpected argument \"" + arg + "\"; options are:\n" +
+                     describe_options(spec, sources));
+  }
+  for (const auto& [s, option] : options) {
+    if (option->count() == 0) continue;
+    const std::string flag = "--" + s->name;
+    if (option->count() > 1) throw InputError("option " + flag + " is given twice");
+    const std::vector<std::string>& results = option->results();
+    if (!s->takes_value) {
+      if (results.size() != 1 || results.front() != "true") {
+        throw InputError("option " + flag + " takes no value");
+      }
+      values_[s->name] = {"", flag};
       continue;
     }
-    if (inline_value) {
-      values_[name] = *inline_value;
-    } else {
-      if (i + 1 >= argv.size()) throw InputError("option --" + name + " needs a value");
-      values_[name] = argv[++i];
+    // CLI11 records a missing value as "", so `--model ""` reads as a missing one too.
+    if (results.empty() || results.front().empty()) {
+      throw InputError("option " + flag + " needs a value");
     }
+    values_[s->name] = {results.front(), flag};
+  }
+
+  // The environment fills what the command line left out; an empty variable counts as unset.
+  if (!sources.env_prefix.empty()) {
+    for (const OptionSpec& s : spec) {
+      if (s.command_line_only || values_.count(s.name) != 0) continue;
+      const std::string variable = environment_name(sources.env_prefix, s.name);
+      const char* text = std::getenv(variable.c_str());
+      if (text == nullptr || *text == '\0') continue;
+      if (!s.takes_value) {
+        if (flag_value(variable, text, "1, true, 0 or false")) values_[s.name] = {"", variable};
+        continue;
+      }
+      values_[s.name] = {text, variable};
+    }
+  }
+
+  // Then the config file, named by --config or its environment variable.
+  if (sources.config_option.empty()) return;
+  const auto config = values_.find(sources.config_option);
+  if (config == values_.end()) return;
+  const std::string path = config->second.text;
+  for (const ConfigEntry& entry : read_config_file(path)) {
+    const std::string where = path + ": " + entry.key;
+    const OptionSpec* s = find_option(spec, entry.key);
+    if (s == nullptr) {
+      std::string keys;
+      for (const OptionSpec& known : spec) {
+        if (known.command_line_only || known.name == sources.config_option) continue;
+        keys += keys.empty() ? "" : ", ";
+        keys += known.name;
+      }
+      throw InputError(path + ": unknown key \"" + entry.key +
+                       "\", expected one of the options without \"--\": " + keys);
+    }
+    if (s->command_line_only || s->name == sources.config_option) {
+      throw InputError(where + " cannot be set in a config file, only on the command line");
+    }
+    if (values_.count(s->name) != 0) continue;  // the command line or environment won
+    if (!s->takes_value) {
+      if (flag_value(where, entry.value, "true or false")) values_[s->name] = {"", where};
+      continue;
+    }
+    values_[s->name] = {entry.value, where};
   }
 }
 
 std::string Args::required(const std::string& name) const {
   auto it = values_.find(name);
   if (it == values_.end()) throw InputError("missing required option --" + name);
-  return it->second;
+  return it->second.text;
 }
 
 std::optional<std::string> Args::get(const std::string& name) const {
   auto it = values_.find(name);
   if (it == values_.end()) return std::nullopt;
-  return it->second;
+  return it->second.text;
+}
+
+std::string Args::source(const std::string& name) const {
+  auto it = values_.find(name);
+  if (it == values_.end()) return "--" + name;
+  return it->second.source;
 }
 
 uint64_t Args::uint_or(const std::string& name, uint64_t fallback, uint64_t min,
                        uint64_t max) const {
   auto it = values_.find(name);
   if (it == values_.end()) return fallback;
-  const std::string& text = it->second;
+  const std::string& text = it->second.text;
+  const std::string& where = it->second.source;
   uint64_t value = 0;
   auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
   if (ec != std::errc() || end != text.data() + text.size() || text.empty()) {
-    throw InputError("--" + name + " is \"" + text + "\", expected a non-negative integer");
+    throw InputError(where + " is \"" + text + "\", expected a non-negative integer");
   }
   if (value < min || value > max) {
-    throw InputError("--" + name + " is " + text + ", expected a value in [" +
-                     std::to_string(min) + ", " + std::to_string(max) + "]");
+    throw InputError(where + " is " + text + ", expected a value in [" + std::to_string(min) +
+                     ", " + std::to_string(max) + "]");
   }
   return value;
 }
 
-std::string describe_options(const std::vector<OptionSpec>& spec) {
+std::string describe_options(const std::vector<OptionSpec>& spec, const ArgSources& sources) {
   std::string out;
   for (const OptionSpec& s : spec) {
     std::string left = "  --" + s.name + (s.takes_value ? " VALUE" : "");
     if (left.size() < 26) left.resize(26, ' ');
-    out += left + " " + s.help + "\n";
+    out += left + " " + s.help;
+    if (!sources.env_prefix.empty() && s.command_line_only) {
+      out += " [command line only]";
+    } else if (!sources.env_prefix.empty()) {
+      out += " [";
+      out += environment_name(sources.env_prefix, s.name);
+      out += "]";
+    }
+    out += "\n";
   }
   return out;
 }
@@ -91,7 +215,7 @@ std::string describe_options(const std::vector<OptionSpec>& spec) {
 void check_device_option(const Args& args) {
   const std::string device = args.get("device").value_or("auto");
   if (device != "auto" && device != "cpu" && device != "cuda") {
-    throw InputError("--device is \"" + device + "\", expected auto, cpu or cuda");
+    throw InputError(args.source("device") + " is \"" + device + "\", expected auto, cpu or cuda");
   }
 }
 

@@ -32,7 +32,7 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
                              int states, uint64_t extra_bytes) {
   const std::string device = args.get("device").value_or("auto");
   if (device != "auto" && device != "cpu" && device != "cuda") {
-    throw InputError("--device is \"" + device + "\", expected auto, cpu or cuda");
+    throw InputError(args.source("device") + " is \"" + device + "\", expected auto, cpu or cuda");
   }
   const uint64_t threads = args.uint_or("threads", 0, 0, 1024);
   BackendChoice choice;
@@ -45,7 +45,9 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
                             static_cast<uint64_t>(states) * DecodeState::bytes(checkpoint.config.shape, static_cast<int64_t>(max_seq)) +
                             extra_bytes + kCudaHeadroom;
   if (device == "cuda") {
-    if (args.has("threads")) throw InputError("--threads applies to the CPU backend, not --device cuda");
+    if (args.has("threads")) {
+      throw InputError(args.source("threads") + " applies to the CPU backend, not --device cuda");
+    }
     try {
       choice.backend = make_cuda_backend(required);
     } catch (const std::runtime_error& e) {

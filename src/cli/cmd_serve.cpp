@@ -86,24 +86,18 @@ class StopRequest {
   bool device_failed_ = false;
 };
 
-std::optional<std::string> env(const char* name) {
-  const char* value = std::getenv(name);
-  if (value == nullptr || *value == '\0') return std::nullopt;
-  return std::string(value);
-}
-
 }  // namespace
 
 int cmd_serve(const std::vector<std::string>& argv) {
   const std::vector<OptionSpec> spec = {
-      {"model", true, "checkpoint directory (default: $LILY_MODEL, else the demo checkpoint)"},
+      {"model", true, "checkpoint directory (default: the demo checkpoint)"},
       {"bind", true, "HOST:PORT to listen on (default 127.0.0.1:8000; port 0 picks one)"},
       {"max-seq", true, "prompt + completion capacity in tokens (default 4096)"},
       {"device", true, "auto, cpu or cuda (default auto: CUDA when usable, else the CPU)"},
       {"threads", true, "CPU inference threads (default: all cores; CPU backend only)"},
       {"queue", true, "requests waiting behind the one running before 429 (default 16)"},
       {"http-threads", true, "threads parsing and tokenising requests (default 4)"},
-      {"api-key", true, "require Authorization: Bearer KEY (default: $LILY_API_KEY)"},
+      {"api-key", true, "require Authorization: Bearer KEY (default: none)"},
       {"no-auth", false, "serve a non-loopback address without an API key"},
       {"read-timeout", true, "seconds a client has to send a whole request (default 30)"},
       {"stream-buffer", true,
@@ -129,39 +123,41 @@ int cmd_serve(const std::vector<std::string>& argv) {
        "reasoning tokens a thinking request may use before </think> is forced (default: no "
        "limit; a request's reasoning_budget overrides it)"},
       {"test-script", true,
-       "TEST ONLY: a JSON file of rules forcing scripted answers (docs/server.md)"},
+       "TEST ONLY: a JSON file of rules forcing scripted answers (docs/server.md)", true},
       {"test-fault", true,
        "TEST ONLY: SITE:KIND[:SKIP] makes one decode op fail (site step, capture or replay; "
-       "kind error or device; docs/server.md, \"Failures\")"},
+       "kind error or device; docs/server.md, \"Failures\")",
+       true},
+      {"config", true, "a config file of option = value lines, TOML/INI (docs/cli.md)"},
   };
   const auto started = std::chrono::steady_clock::now();  // for /metrics' model load time
-  const Args args(argv, spec);
+  // Every option also from LILY_<NAME> and the config file (precedence in docs/cli.md).
+  const Args args(argv, spec, ArgSources{"LILY_", "config"});
   check_device_option(args);
   const uint64_t cli_max_seq = args.uint_or("max-seq", 4096, 1, 262144);
   const uint64_t queue = args.uint_or("queue", Engine::kDefaultQueueCapacity, 0, 1u << 20);
   const uint64_t http_threads = args.uint_or("http-threads", 4, 1, 256);
   const uint64_t read_timeout = args.uint_or("read-timeout", 30, 1, 3600);
   const std::string bind_address = args.get("bind").value_or("127.0.0.1:8000");
-  std::optional<std::string> api_key = args.get("api-key");
-  if (!api_key) api_key = env("LILY_API_KEY");
+  const std::optional<std::string> api_key = args.get("api-key");
   const bool no_auth = args.has("no-auth");
 
   std::optional<std::string> model_dir = args.get("model");
-  if (!model_dir) model_dir = env("LILY_MODEL");
   const bool demo = !model_dir.has_value();
 
   const bool strict = args.has("strict");
   // --strict passes no snapshot points (Lily's strict-prefix reuse), so it keeps none.
   if (strict && args.has("cache-snapshots") && args.uint_or("cache-snapshots", 0, 0, 64) != 0) {
-    throw InputError("--cache-snapshots has no effect with --strict (Lily's strict-prefix cache "
-                     "takes no snapshots); leave it out or pass 0");
+    throw InputError(args.source("cache-snapshots") +
+                     " has no effect with --strict (Lily's strict-prefix cache takes no "
+                     "snapshots); leave it out or pass 0");
   }
   const auto cache_snapshots = static_cast<size_t>(args.uint_or(
       "cache-snapshots",
       strict ? 0 : SessionCache::kDefaultEntries * SessionCache::kDefaultSnapshotsPerEntry, 0, 64));
   const std::string defaults_source = args.get("sampling-defaults").value_or("greedy");
   if (defaults_source != "greedy" && defaults_source != "checkpoint") {
-    throw InputError("--sampling-defaults must be greedy or checkpoint, found \"" +
+    throw InputError(args.source("sampling-defaults") + " must be greedy or checkpoint, found \"" +
                      defaults_source + "\"");
   }
   // Explicit flags; the checkpoint's values (read once the model directory is known) fill
@@ -170,7 +166,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   auto number_flag = [&args](const char* name, double min, double max) -> std::optional<double> {
     const std::optional<std::string> text = args.get(name);
     if (!text) return std::nullopt;
-    return parse_sampling_flag(name, *text, min, max);
+    return parse_sampling_flag(args.source(name), *text, min, max);
   };
   flag_defaults.temperature = number_flag("temperature", 0, 2);
   flag_defaults.top_p = number_flag("top-p", 1e-9, 1);
@@ -187,7 +183,8 @@ int cmd_serve(const std::vector<std::string>& argv) {
   }
   const std::string thinking_flag = args.get("thinking").value_or("off");
   if (thinking_flag != "off" && thinking_flag != "on") {
-    throw InputError("--thinking must be off or on, found \"" + thinking_flag + "\"");
+    throw InputError(args.source("thinking") + " must be off or on, found \"" + thinking_flag +
+                     "\"");
   }
   if (strict && (thinking_flag == "on" || args.has("reasoning-budget") ||
                  args.has("test-script"))) {
@@ -222,7 +219,13 @@ int cmd_serve(const std::vector<std::string>& argv) {
   handler.set_in_flight_source([&server] { return static_cast<uint64_t>(server.in_flight()); });
 
   // Bind first (a taken port fails before any loading), then load while /health says so.
-  server.bind(bind_address);
+  try {
+    server.bind(bind_address);
+  } catch (const InputError& error) {
+    // The transport's message says --bind; name the variable or config key that set it.
+    if (args.source("bind") == "--bind") throw;
+    throw InputError(args.source("bind") + ": " + error.what());
+  }
   const auto endpoint = server.local_endpoint();
   check_auth_configuration(endpoint.address().is_loopback(), api_key, no_auth, bind_address);
   // Appended piece by piece: GCC 12 at -O2/-O3 raises a false -Wrestrict on

@@ -21,7 +21,8 @@ struct Command {
 // One line per subcommand (product.md, "Command line").
 constexpr Command kCommands[] = {
     {"serve", lily::cmd_serve,
-     "[--model DIR] [--bind 127.0.0.1:8000] [--max-seq 4096]   the OpenAI-compatible server"},
+     "[--model DIR] [--bind 127.0.0.1:8000] [--max-seq 4096] [--config FILE]   "
+     "the OpenAI-compatible server"},
     {"inspect", lily::cmd_inspect, "--model DIR [--json]   validate a checkpoint, print its summary"},
     {"make-checkpoint", lily::cmd_make_checkpoint,
      "--profile tiny|full --seed N --out DIR   write a synthetic checkpoint (MLX layout)"},

@@ -110,10 +110,10 @@ double parse_sampling_flag(const std::string& flag, const std::string& text, dou
   const char* end = text.data() + text.size();
   const auto [ptr, ec] = std::from_chars(text.data(), end, value);
   if (ec != std::errc() || ptr != end || !std::isfinite(value)) {
-    throw InputError("--" + flag + " expects a number, found \"" + text + "\"");
+    throw InputError(flag + " expects a number, found \"" + text + "\"");
   }
   if (!(value >= min && value <= max)) {
-    throw InputError("--" + flag + " must be in " + range_text(min, max) + ", found " + text);
+    throw InputError(flag + " must be in " + range_text(min, max) + ", found " + text);
   }
   return value;
 }

@@ -39,7 +39,7 @@ bool request_sets_sampling(const SamplingFields& request);
 SamplingDefaults read_generation_config(const std::string& path);
 
 // Parses a sampling flag's value: a decimal number in [min, max]. Throws InputError naming
-// the flag.
+// `flag`, the value's source as the user wrote it ("--temperature", "LILY_TEMPERATURE").
 double parse_sampling_flag(const std::string& flag, const std::string& text, double min,
                            double max);
 

@@ -125,11 +125,11 @@ TEST(GenerationConfig, BadValuesNameTheFileAndField) {
 }
 
 TEST(SamplingFlag, ParsesNumbersInRangeOnly) {
-  EXPECT_DOUBLE_EQ(parse_sampling_flag("temperature", "0.7", 0, 2), 0.7);
-  EXPECT_THROW(parse_sampling_flag("temperature", "2.5", 0, 2), InputError);
-  EXPECT_THROW(parse_sampling_flag("temperature", "0.7x", 0, 2), InputError);
-  EXPECT_THROW(parse_sampling_flag("temperature", "nan", 0, 2), InputError);
-  EXPECT_THROW(parse_sampling_flag("top-p", "", 0, 1), InputError);
+  EXPECT_DOUBLE_EQ(parse_sampling_flag("--temperature", "0.7", 0, 2), 0.7);
+  EXPECT_THROW(parse_sampling_flag("--temperature", "2.5", 0, 2), InputError);
+  EXPECT_THROW(parse_sampling_flag("--temperature", "0.7x", 0, 2), InputError);
+  EXPECT_THROW(parse_sampling_flag("--temperature", "nan", 0, 2), InputError);
+  EXPECT_THROW(parse_sampling_flag("--top-p", "", 0, 1), InputError);
 }
 
 }  // namespace
