@@ -18,7 +18,7 @@ struct Command {
   std::string_view synopsis;
 };
 
-// One line per subcommand (product.md, "Command line").
+// One line per subcommand (README.md, "Command line").
 constexpr Command kCommands[] = {
     {"serve", lily::cmd_serve,
      "[--model DIR] [--bind 127.0.0.1:8000] [--max-seq 4096] [--config FILE]   "
