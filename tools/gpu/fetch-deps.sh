@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 rm -rf .deps && mkdir -p .deps/debs .deps/root
-(cd .deps/debs && apt-get download nlohmann-json3-dev libcli11-dev libutf8proc-dev libutf8proc2 libgtest-dev)
+(cd .deps/debs && apt-get download nlohmann-json3-dev libcli11-dev libutf8proc-dev libutf8proc2 libgtest-dev \
+  python3-prometheus-client python3-decorator)
 for deb in .deps/debs/*.deb; do dpkg -x "$deb" .deps/root; done
 rm -rf .deps/debs && mkdir -p .deps/debs
 (cd .deps/debs && apt-get download libboost1.81-dev)

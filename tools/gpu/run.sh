@@ -185,6 +185,12 @@ if has_stage server; then
         && echo ok || { echo "FAILED (rc $?)"; tail -15 "$out/server-$group-$model.log"; }
     done
   done
+  # /metrics through Prometheus' own parser (Debian's python3-prometheus-client, unpacked
+  # into .deps by fetch-deps.sh), device memory from the CUDA backend.
+  echo -n "server test_metrics.py on tiny (cuda): "
+  PYTHONPATH=$deps/lib/python3/dist-packages LILY_SERVE_EXTRA_ARGS="--device cuda" timeout 300 \
+    python3 tests/server/test_metrics.py --lily "$lily" >"$out/server-metrics-tiny.log" 2>&1 \
+    && echo ok || { echo "FAILED (rc $?)"; tail -15 "$out/server-metrics-tiny.log"; }
   echo "server suites: $(( $(date +%s) - start )) s"
   # The streaming figure: one stream at a time through lily serve, and lily bench at 256 in the
   # same call.
