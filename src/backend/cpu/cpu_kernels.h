@@ -48,7 +48,23 @@ inline float silu(float x) { return x * sigmoid(x); }
 // the best one the CPU supports at run time (function multiversioning, GCC and clang). A
 // function defined with it must also carry it on its declaration here: clang refuses to make a
 // function multiversioned after a call to it has been seen (DecodedRow::dot below calls dot).
+// Not under ThreadSanitizer: it instruments the ifunc resolvers as well, and the dynamic loader
+// runs them before the TSan runtime is up (a crash at start), so a TSan build (tools/tsan.sh,
+// which looks for races, not speed) compiles the kernels for the default target only. CMake's
+// TSan build defines LILY_CPU_SINGLE_TARGET everywhere, also in its uninstrumented files.
+#if !defined(LILY_CPU_SINGLE_TARGET) && defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define LILY_CPU_SINGLE_TARGET 1
+#endif
+#endif
+#if !defined(LILY_CPU_SINGLE_TARGET) && defined(__SANITIZE_THREAD__)
+#define LILY_CPU_SINGLE_TARGET 1
+#endif
+#if defined(LILY_CPU_SINGLE_TARGET)
+#define LILY_CPU_CLONES
+#else
 #define LILY_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 
 // sum_i a[i] b[i] (vectorised; the summation order differs from a plain loop).
 LILY_CPU_CLONES float dot(const float* a, const float* b, int64_t n);
