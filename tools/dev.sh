@@ -2,7 +2,8 @@
 # Fresh-machine entry point: install dependencies (apt), build, then run the main job or every test.
 #   bash tools/dev.sh main [serve options]  the main job: `lily serve` (the demo tiny checkpoint
 #                                           unless --model DIR or LILY_MODEL is given)
-#   bash tools/dev.sh test                 every test: unit, oracle, independent-writer, fuzz smoke
+#   bash tools/dev.sh test                 every test: unit, oracle, independent-writer, fuzz smoke,
+#                                          engine and server tests under ThreadSanitizer
 #   bash tools/dev.sh build                install and build only
 set -euo pipefail
 
@@ -12,7 +13,8 @@ jobs=$(nproc)
 
 apt_packages=(build-essential cmake pkg-config git python3 python3-prometheus-client python3-jinja2
   nlohmann-json3-dev libcli11-dev libutf8proc-dev libboost1.81-dev libgtest-dev libgmock-dev
-  libbenchmark-dev clang libclang-rt-14-dev haproxy)
+  libbenchmark-dev clang libclang-rt-14-dev haproxy
+  clang-19 libclang-rt-19-dev llvm-19)  # the ThreadSanitizer job (tools/tsan.sh): compiler, runtime, symbolizer
 
 install_deps() {
   local missing=()
@@ -51,6 +53,8 @@ run_tests() {
   (cd "$build_dir" && ctest --output-on-failure -j"$jobs")
   echo "== fuzz smoke run"
   FUZZ_SECONDS=${FUZZ_SECONDS:-15} bash "$root/tools/fuzz-smoke.sh"
+  echo "== engine and server tests under ThreadSanitizer"
+  bash "$root/tools/tsan.sh"
   echo "== all tests passed"
 }
 

@@ -285,8 +285,8 @@ class CudaAttentionRunner {
     ref_k_.assign(static_cast<size_t>(capacity_) * row(), 0.0);
     ref_v_.assign(ref_k_.size(), 0.0);
     for (size_t i = 0; i < k.size(); ++i) {
-      ref_k_[i] = k[i];
-      ref_v_[i] = v[i];
+      ref_k_[i] = static_cast<double>(k[i]);
+      ref_v_[i] = static_cast<double>(v[i]);
     }
   }
 

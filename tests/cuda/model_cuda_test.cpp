@@ -68,7 +68,7 @@ void expect_decode_tracks_cpu(Backend& gpu, const char* label) {
     ASSERT_EQ(cuda.tokens[i], cpu.tokens[i]) << "step " << i;
     for (size_t j = 0; j < cpu.steps[i].size(); ++j) {
       ASSERT_EQ(cuda.steps[i][j].first, cpu.steps[i][j].first) << "step " << i << " rank " << j;
-      const double want = cpu.steps[i][j].second;
+      const auto want = static_cast<double>(cpu.steps[i][j].second);
       const double err = std::abs(static_cast<double>(cuda.steps[i][j].second) - want) / std::max(1.0, std::abs(want));
       worst = std::max(worst, err);
       EXPECT_LT(err, 1e-4) << "step " << i << " rank " << j;

@@ -241,7 +241,8 @@ TEST(CudaTokenLogprobs, MatchesTheReference) {
                                   std::to_string(kind) + " n " + std::to_string(n);
         ASSERT_EQ(got[TokenRecordLayout::kToken], token) << label;
         ASSERT_EQ(got[TokenRecordLayout::kTopCount], want_n) << label;
-        const auto close = [&](double value, double expect) {
+        const auto close = [&](float got_value, double expect) {
+          const auto value = static_cast<double>(got_value);
           if (std::isinf(static_cast<float>(expect))) return value == static_cast<double>(static_cast<float>(expect));
           worst = std::max(worst, std::abs(value - expect));
           return std::abs(value - expect) <= 1e-5 * std::max(1.0, std::abs(expect));

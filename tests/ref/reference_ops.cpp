@@ -320,8 +320,11 @@ Routing moe_route(std::span<const double> logits, int64_t n, int64_t experts, in
     for (double& x : p) x /= total;
     std::vector<int32_t> order(E);
     std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(),
-                     [&](int32_t x, int32_t y) { return p[sz(x)] > p[sz(y)]; });
+    // Ties keep the lower expert first. std::sort with the id as tie-break rather than
+    // std::stable_sort, whose libstdc++ 12 implementation clang 19 flags as deprecated.
+    std::sort(order.begin(), order.end(), [&](int32_t x, int32_t y) {
+      return p[sz(x)] > p[sz(y)] || (p[sz(x)] == p[sz(y)] && x < y);
+    });
     double top_sum = 0;
     for (size_t j = 0; j < sz(k); ++j) top_sum += p[sz(order[j])];
     for (size_t j = 0; j < sz(k); ++j) {

@@ -74,10 +74,10 @@ SampleResult sample(std::span<const float> logits, const SamplerParams& params,
   const int64_t k = params.top_k <= 0 || params.top_k >= vocab ? vocab : params.top_k;
   r.kept_top_k = k;
   // Stage 6: masses relative to the maximum, in double (the maximum's is 1).
-  const double T = params.temperature;
+  const auto T = static_cast<double>(params.temperature);
   std::vector<double> mass(static_cast<size_t>(k));
   for (int64_t j = 0; j < k; ++j) {
-    const double l = r.processed[static_cast<size_t>(r.order[static_cast<size_t>(j)])];
+    const auto l = static_cast<double>(r.processed[static_cast<size_t>(r.order[static_cast<size_t>(j)])]);
     mass[static_cast<size_t>(j)] = std::exp((l - static_cast<double>(max)) / T);
   }
   const double z = std::accumulate(mass.begin(), mass.end(), 0.0);
@@ -140,7 +140,7 @@ LogprobRecord token_logprobs(std::span<const float> logits, int32_t token, int n
   }
   std::vector<float> l(logits.size());
   std::transform(logits.begin(), logits.end(), l.begin(), sanitize);
-  const double max = *std::max_element(l.begin(), l.end());
+  const auto max = static_cast<double>(*std::max_element(l.begin(), l.end()));
   double sum = 0;
   for (float v : l) sum += std::exp(static_cast<double>(v) - max);
   const double lse = max + std::log(sum);

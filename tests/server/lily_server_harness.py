@@ -13,6 +13,10 @@
   chunk and one `data: ...` event at a time, keeping every raw byte for assertions.
 * `LilyServer(..., strict=True)` runs `lily serve --strict` (Lily's contract exactly); the
   default is the server's default, openai mode.
+* Some tests build on facts of the tiny seed-1 checkpoint's greedy answers (a prompt that stops
+  within 4 tokens, one that runs for ~1,100), found with the GCC build's CPU kernels. Other
+  arithmetic (clang's vectorised sums) can change them: LILY_TEST_NUMERICS=<name>
+  (tools/tsan.sh sets it) makes such a test check its fact and skip, visibly, where it fails.
 """
 
 from __future__ import annotations

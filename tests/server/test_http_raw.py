@@ -1001,7 +1001,15 @@ class DisconnectTests(LongRequestTest):
         # A short prompt whose greedy continuation runs for ~1,100 tokens (seconds of decode,
         # several times the time to the close below): cancelled within a decode step, and
         # the log counts the tokens generated until then.
-        body = chat_body("Name the two colors of a chessboard.", max_tokens=3000)
+        prompt = "Name the two colors of a chessboard."
+        if os.environ.get("LILY_TEST_NUMERICS"):
+            # That length is a fact of the GCC build's CPU kernels; under other arithmetic
+            # (tools/tsan.sh: clang) the answer may end sooner: check first, skip visibly.
+            probe = self.assert_completion(self.post(chat_body(prompt, max_tokens=400)))
+            if probe["choices"][0]["finish_reason"] != "length":
+                self.skipTest(f"SKIPPED: the greedy answer to {prompt!r} ends within 400 tokens "
+                              f"with LILY_TEST_NUMERICS={os.environ['LILY_TEST_NUMERICS']}")
+        body = chat_body(prompt, max_tokens=3000)
         self.check_cancelled_frees_the_engine(seed=0, reset=False, body=body,
                                               completion="[1-9]\\d*")
 

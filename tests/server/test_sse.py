@@ -245,13 +245,17 @@ class SseTest(unittest.TestCase):
 
     def precondition(self, holds: bool, message: str):
         """A fact of the tiny seed-1 checkpoint a test builds on. With LILY_TEST_MODEL naming
-        another checkpoint (tools/gpu/run.sh) a test whose fact does not hold there is skipped,
-        visibly; on the tiny checkpoint it fails."""
+        another checkpoint (tools/gpu/run.sh), or LILY_TEST_NUMERICS naming other arithmetic
+        than the GCC build's CPU kernels the facts were found with (tools/tsan.sh: clang), a
+        test whose fact does not hold there is skipped, visibly; otherwise it fails."""
         if holds:
             return
         if os.environ.get("LILY_TEST_MODEL"):
             self.skipTest(f"SKIPPED: {message} does not hold for LILY_TEST_MODEL="
                           f"{os.environ['LILY_TEST_MODEL']}")
+        if os.environ.get("LILY_TEST_NUMERICS"):
+            self.skipTest(f"SKIPPED: {message} does not hold with LILY_TEST_NUMERICS="
+                          f"{os.environ['LILY_TEST_NUMERICS']}")
         self.fail(f"precondition: {message}")
 
     # --- the wire format

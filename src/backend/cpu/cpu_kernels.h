@@ -45,19 +45,37 @@ inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
 inline float silu(float x) { return x * sigmoid(x); }
 
 // Hot loops are compiled three times (AVX-512, AVX2+FMA, plain x86-64) and the loader picks
-// the best one the CPU supports at run time (GCC function multiversioning).
+// the best one the CPU supports at run time (function multiversioning, GCC and clang). A
+// function defined with it must also carry it on its declaration here: clang refuses to make a
+// function multiversioned after a call to it has been seen (DecodedRow::dot below calls dot).
+// Not under ThreadSanitizer: it instruments the ifunc resolvers as well, and the dynamic loader
+// runs them before the TSan runtime is up (a crash at start), so a TSan build (tools/tsan.sh,
+// which looks for races, not speed) compiles the kernels for the default target only. CMake's
+// TSan build defines LILY_CPU_SINGLE_TARGET everywhere, also in its uninstrumented files.
+#if !defined(LILY_CPU_SINGLE_TARGET) && defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define LILY_CPU_SINGLE_TARGET 1
+#endif
+#endif
+#if !defined(LILY_CPU_SINGLE_TARGET) && defined(__SANITIZE_THREAD__)
+#define LILY_CPU_SINGLE_TARGET 1
+#endif
+#if defined(LILY_CPU_SINGLE_TARGET)
+#define LILY_CPU_CLONES
+#else
 #define LILY_CPU_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 
 // sum_i a[i] b[i] (vectorised; the summation order differs from a plain loop).
-float dot(const float* a, const float* b, int64_t n);
+LILY_CPU_CLONES float dot(const float* a, const float* b, int64_t n);
 // y[i] += alpha x[i]
-void axpy(float alpha, const float* x, float* y, int64_t n);
+LILY_CPU_CLONES void axpy(float alpha, const float* x, float* y, int64_t n);
 
 // Decode-time activations in the order the packed codes come: within each group of 64, the
 // even elements then the odd ones. Byte i of a Q4 group holds element 2i (low nibble) and
 // 2i+1 (high nibble), so a row dot becomes two contiguous, vectorisable streams.
 // permuted [in]; sums [in / 64] (group sums, for the bias term).
-void prepare_input(const float* x, int64_t in, float* permuted, float* sums);
+LILY_CPU_CLONES void prepare_input(const float* x, int64_t in, float* permuted, float* sums);
 
 // sum_c W[row, c] x[c] for one quantized row, using s*sum(q*x) + b*sum(x) per group;
 // `permuted` and `sums` come from prepare_input.

@@ -6,8 +6,14 @@
 // backend and the reference. No trapping math: the loops compute both sides of a comparison
 // and select (values are the same; only FP exception flags are left unspecified), which lets
 // them vectorise. Before the includes, so that every inline function of this file has the same
-// options (GCC does not inline across differing ones).
+// options (GCC does not inline across differing ones). Clang contracts within an expression by
+// default (-ffp-contract=on) and already assumes no trapping math; its own pragma turns
+// contraction off for every function defined after it.
+#if defined(__clang__)
+#pragma clang fp contract(off)
+#else
 #pragma GCC optimize("fp-contract=off", "no-trapping-math")
+#endif
 
 #include <algorithm>
 #include <cfloat>
@@ -39,6 +45,29 @@ inline uint64_t rank_of(float logit, int64_t id) {
 
 inline int mass_band(uint64_t q) { return 63 - __builtin_clzll(q); }  // q > 0
 
+// The block maxima reduce over MaxKey values, whose order is the order of the floats (never
+// NaN here). Clang vectorises a float max reduction only when it may assume no NaN and no
+// infinity, an integer one always: under clang the key is an int32 (-0 < +0; the map is its own
+// inverse). GCC vectorises the float reduction as it is, which is faster there.
+#if defined(__clang__)
+using MaxKey = int32_t;
+inline MaxKey max_key(float x) {
+  int32_t bits;
+  std::memcpy(&bits, &x, sizeof bits);
+  return bits ^ ((bits >> 31) & 0x7FFFFFFF);
+}
+inline float key_value(MaxKey key) {
+  const int32_t bits = key ^ ((key >> 31) & 0x7FFFFFFF);
+  float x;
+  std::memcpy(&x, &bits, sizeof x);
+  return x;
+}
+#else
+using MaxKey = float;
+inline MaxKey max_key(float x) { return x; }
+inline float key_value(MaxKey key) { return key; }
+#endif
+
 inline float sanitize(float x) {
   x = x != x ? -kInf : x;
   return x > FLT_MAX ? FLT_MAX : x;
@@ -54,7 +83,7 @@ LILY_CPU_CLONES void first_pass(const float* logits, const int32_t* counts, cons
   const int32_t repeat = r != 1.0f ? 1 : 0;
   for (int64_t b = block_begin; b < block_end; ++b) {
     const int64_t end = std::min(n, (b + 1) * kBlock);
-    float m = -kInf;
+    MaxKey m = max_key(-kInf);
 #pragma omp simd reduction(max : m)
     for (int64_t i = b * kBlock; i < end; ++i) {
       const float l = logits[i];
@@ -67,9 +96,10 @@ LILY_CPU_CLONES void first_pass(const float* logits, const int32_t* counts, cons
       const float penalised = repeated - (f * static_cast<float>(c) + p);
       const float x = sanitize(c > 0 ? penalised : repeated);
       out[i] = x;
-      m = x > m ? x : m;
+      const MaxKey k = max_key(x);
+      m = k > m ? k : m;
     }
-    block_max[b] = m;
+    block_max[b] = key_value(m);
   }
 }
 
@@ -78,14 +108,15 @@ LILY_CPU_CLONES void sanitize_blocks(const float* logits, int64_t n, float* out,
                                      int64_t block_begin, int64_t block_end) {
   for (int64_t b = block_begin; b < block_end; ++b) {
     const int64_t end = std::min(n, (b + 1) * kBlock);
-    float m = -kInf;
+    MaxKey m = max_key(-kInf);
 #pragma omp simd reduction(max : m)
     for (int64_t i = b * kBlock; i < end; ++i) {
       const float x = sanitize(logits[i]);
       out[i] = x;
-      m = x > m ? x : m;
+      const MaxKey k = max_key(x);
+      m = k > m ? k : m;
     }
-    block_max[b] = m;
+    block_max[b] = key_value(m);
   }
 }
 

@@ -394,7 +394,7 @@ TEST(CpuSampler, TheDrawPicksTheIdWhoseShareHoldsU) {
   for (uint32_t seed = 0; seed < 400; ++seed) {
     SamplerParams p;
     p.seed_lo = seed;
-    const double u = sampler_uniform(seed, 0, 9);
+    const auto u = static_cast<double>(sampler_uniform(seed, 0, 9));
     const int want = u < 0.125 ? 0 : u < 0.625 ? 1 : u < 0.75 ? 2 : 3;
     ASSERT_EQ(cpu::sample_row(logits.data(), 4, p, zeros.data(), zeros.data(), 9, work), want) << u;
     ++seen[want];
@@ -560,7 +560,8 @@ TEST(CpuTokenLogprobs, MatchesTheReference) {
                                   " n " + std::to_string(n);
         ASSERT_EQ(record[TokenRecordLayout::kToken], token) << label;
         ASSERT_EQ(record[TokenRecordLayout::kTopCount], want_n) << label;
-        const auto close = [&](double got, double expect) {
+        const auto close = [&](float got_value, double expect) {
+          const auto got = static_cast<double>(got_value);
           // The record holds floats: a logprob below -FLT_MAX is -inf there.
           if (std::isinf(static_cast<float>(expect))) return got == static_cast<double>(static_cast<float>(expect));
           worst = std::max(worst, std::abs(got - expect));

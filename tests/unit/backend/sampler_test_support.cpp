@@ -161,8 +161,9 @@ Agreement check_draw(const SamplerCase& c, const ref::SampleResult& want, int32_
   if (survivors != nullptr && !set_boundary) {
     // The reference keeps every id with p > 0; a backend drops masses below 2^-41 of the
     // maximum's (q = 0). Ids above 2^-38 must be there, and nothing the reference dropped.
-    const double max = *std::max_element(want.processed.begin(), want.processed.end());
-    const double T = c.params.temperature;
+    const auto max =
+        static_cast<double>(*std::max_element(want.processed.begin(), want.processed.end()));
+    const auto T = static_cast<double>(c.params.temperature);
     std::set<int32_t> got(survivors->begin(), survivors->end());
     std::set<int32_t> kept(want.survivors.begin(), want.survivors.end());
     for (int32_t id : *survivors) {

@@ -20,7 +20,9 @@ struct SamplerCase {
   SamplerParams params;
   uint32_t step = 0;
   int64_t vocab() const { return static_cast<int64_t>(logits.size()); }
-  double u() const { return sampler_uniform(params.seed_lo, params.seed_hi, step); }
+  double u() const {
+    return static_cast<double>(sampler_uniform(params.seed_lo, params.seed_hi, step));
+  }
   ref::SampleResult reference() const { return ref::sample(logits, params, counts, prompt_seen, u()); }
 };
 

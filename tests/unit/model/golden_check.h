@@ -119,7 +119,7 @@ inline void check_golden(const std::filesystem::path& file, Backend& backend, in
   double worst = 0;
   for (size_t i = 0; i < expected.size(); ++i) {
     std::map<int32_t, double> ours;
-    for (const auto& [id, logit] : result.steps[i]) ours[id] = logit;
+    for (const auto& [id, logit] : result.steps[i]) ours[id] = static_cast<double>(logit);
     const auto& steps = golden["steps"][i];
     const double cutoff = steps[15][1].get<double>() + logit_tolerance * 10;
     for (const auto& pair : steps) {
