@@ -56,25 +56,25 @@ void Backend::route_expert_swiglu(const float* router_logits, int64_t experts, i
   expert_swiglu_with_shared(gate, up, ids, k, h, shared_gate, shared_up, shared_h, x, n);
 }
 
-bool Backend::take_fault(FaultSite site, FaultKind* kind) {
-  if (!has_armed_fault_ || armed_fault_.site != site) return false;
+void Backend::fault_point(FaultSite site) {
+  if (!has_armed_fault_ || armed_fault_.site != site) return;
   if (armed_fault_.skip > 0) {
     --armed_fault_.skip;
-    return false;
+    return;
   }
   has_armed_fault_ = false;
-  *kind = armed_fault_.kind;
-  return true;
-}
-
-void Backend::fault_point(FaultSite site) {
-  FaultKind kind = FaultKind::error;
-  if (!take_fault(site, &kind)) return;
+  if (armed_fault_.kind == FaultKind::device) return lose_device(site);
   std::string where = name();
   where += " backend, ";
   where += fault_site_name(site);
-  if (kind == FaultKind::device) throw DeviceFault("injected device fault (--test-fault) at " + where);
   throw std::runtime_error("injected error (--test-fault) at " + where);
+}
+
+void Backend::lose_device(FaultSite site) {
+  std::string where = name();
+  where += " backend, ";
+  where += fault_site_name(site);
+  throw DeviceFault("injected device fault (--test-fault) at " + where);
 }
 
 void Backend::begin_capture() {

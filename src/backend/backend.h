@@ -122,9 +122,8 @@ class Backend {
   void arm_fault(const FaultInjection& fault) { armed_fault_ = fault; has_armed_fault_ = true; }
   // A fault site of the decode path (the model calls it for `step` and `capture`, a capture
   // backend's replay for `replay`). Does nothing unless a fault is armed for this site; then
-  // an `error` throws std::runtime_error and a `device` loses the device (the default: throws
-  // DeviceFault; a device backend overrides it to poison its context for real).
-  virtual void fault_point(FaultSite site);
+  // an `error` throws std::runtime_error and a `device` calls lose_device.
+  void fault_point(FaultSite site);
 
   // out[t, :] = dequant(table row ids[t]).            ids [n] i32 < table.rows(); out [n, in]
   virtual void embed(const QuantView& table, const int32_t* ids, int64_t n, float* out) = 0;
@@ -268,8 +267,9 @@ class Backend {
   virtual const int32_t* wait_read_words(int slot) = 0;
 
  protected:
-  // Whether the armed fault fires at this visit of `site` (then it is disarmed).
-  bool take_fault(FaultSite site, FaultKind* kind);
+  // A `device` fault at `site` (test only): the default throws DeviceFault; a device backend
+  // overrides it to poison its context for real.
+  virtual void lose_device(FaultSite site);
 
  private:
   FaultInjection armed_fault_;

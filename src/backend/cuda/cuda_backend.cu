@@ -201,9 +201,6 @@ CudaBackend::CudaBackend() {
   cuda::set_stream_gemv_enabled(prop.major >= 9 && cuda::stream_gemv_built_for_device() &&
                                     !env_is("LILY_CUDA_STREAM_GEMV", "0"),
                                 prop.sharedMemPerBlockOptin);
-  stream_gemv_on_ = cuda::stream_gemv_shared_bytes(2048) <= prop.sharedMemPerBlockOptin &&
-                    prop.major >= 9 && cuda::stream_gemv_built_for_device() &&
-                    !env_is("LILY_CUDA_STREAM_GEMV", "0");
   fused_norm_ = env_is("LILY_CUDA_FUSED_NORM", "1");
   fused_conv_ = !env_is("LILY_CUDA_FUSED_CONV", "0");
   LILY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -253,7 +250,9 @@ std::string CudaBackend::code_path() const {
     path += "sm_" + std::to_string(code_binary_version_) + " machine code";
   }
   path += cuda::pdl_enabled() ? "; programmatic dependent launch on" : "; programmatic dependent launch off";
-  path += stream_gemv_on_ ? ", bulk-copy lm_head GEMV on" : ", bulk-copy lm_head GEMV off";
+  // The lm_head's rows are 2048 values (hidden_size).
+  path += cuda::stream_gemv_enabled_for(2048) ? ", bulk-copy lm_head GEMV on"
+                                               : ", bulk-copy lm_head GEMV off";
   return path;
 }
 
@@ -264,17 +263,10 @@ void CudaBackend::abort_capture() noexcept {
   cudaGetLastError();  // a capture error is not sticky: later calls start clean
 }
 
-void CudaBackend::fault_point(FaultSite site) {
-  FaultKind kind = FaultKind::error;
-  if (!take_fault(site, &kind)) return;
-  if (kind == FaultKind::device) {
-    // Recorded into the graph during a capture (the fault then comes at its replay),
-    // queued behind the graph at a replay, run at once in an eager step.
-    cuda::launch_poison_context(stream_);
-    return;
-  }
-  throw std::runtime_error(std::string("injected error (--test-fault) at cuda backend, ") +
-                           fault_site_name(site));
+void CudaBackend::lose_device(FaultSite /*site*/) {
+  // Recorded into the graph during a capture (the fault then comes at its replay), queued
+  // behind the graph at a replay, run at once in an eager step.
+  cuda::launch_poison_context(stream_);
 }
 
 void* CudaBackend::device_alloc(size_t bytes) {

@@ -63,7 +63,6 @@ class CudaBackend final : public Backend {
   int end_capture() override;
   void replay(int graph) override;
   void abort_capture() noexcept override;
-  void fault_point(FaultSite site) override;
   std::string code_path() const override;
 
   void embed(const QuantView& table, const int32_t* ids, int64_t n, float* out) override;
@@ -148,6 +147,7 @@ class CudaBackend final : public Backend {
   SwigluMatrices resolve_swiglu(const QuantView& gate, const QuantView& up,
                                 const QuantView& shared_gate, const QuantView& shared_up,
                                 int64_t n, const char* op);
+  void lose_device(FaultSite site) override;
   bool capturing() const;
   void* device_alloc(size_t bytes);
   // gated_rms_norm_matmul, with `shift` done by the projection's launch (n <= 8 then).
@@ -162,7 +162,6 @@ class CudaBackend final : public Backend {
   int compute_capability_ = 0;
   int code_binary_version_ = 0;
   int code_ptx_version_ = 0;
-  bool stream_gemv_on_ = false;  // for in = 2048 (the lm_head), as stream_gemv_applies decides
   std::unique_ptr<CudaWorkspace> workspace_;
   std::map<std::string, cuda::QuantMatrix> quant_;  // by weight_key (cuda_backend.cu)
   std::map<std::string, const float*> dense_;

@@ -89,6 +89,8 @@ inline constexpr int64_t kStreamGemvMinRows = 32768;
 void set_stream_gemv_enabled(bool on, size_t max_shared_bytes_per_block);
 // Dynamic shared memory the kernel needs for rows of `in` values (1024 or 2048; 0 otherwise).
 size_t stream_gemv_shared_bytes(int64_t in);
+// Whether the kernel is enabled and its tiles for rows of `in` values fit the shared memory.
+bool stream_gemv_enabled_for(int64_t in);
 // Whether the kernel's body is in the code the device runs: built for sm_90 or newer (a
 // device JIT-compiling the compute_80 PTX gets an empty kernel, so it must stay off there).
 bool stream_gemv_built_for_device();

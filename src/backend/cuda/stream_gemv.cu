@@ -250,12 +250,15 @@ bool stream_gemv_built_for_device() {
   return attributes.ptxVersion >= 90;
 }
 
+bool stream_gemv_enabled_for(int64_t in) {
+  const size_t bytes = stream_gemv_shared_bytes(in);
+  return g_stream_gemv.load(std::memory_order_relaxed) && bytes != 0 &&
+         bytes <= g_max_shared_bytes.load(std::memory_order_relaxed);
+}
+
 bool stream_gemv_applies(const QuantMatrix& w, int64_t rows, const float* x, int64_t n) {
-  return g_stream_gemv.load(std::memory_order_relaxed) && n == 1 && w.bits == 4 &&
-         (w.in == 1024 || w.in == 2048) &&
-         stream_gemv_shared_bytes(w.in) <= g_max_shared_bytes.load(std::memory_order_relaxed) &&
-         rows >= kStreamGemvMinRows && aligned16(x) && aligned16(w.codes) &&
-         aligned16(w.scales) && aligned16(w.biases);
+  return n == 1 && w.bits == 4 && stream_gemv_enabled_for(w.in) && rows >= kStreamGemvMinRows &&
+         aligned16(x) && aligned16(w.codes) && aligned16(w.scales) && aligned16(w.biases);
 }
 
 void stream_gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, float* y,
