@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 
+#include "backend/decode_plan.h"
 #include "backend/fault_injection.h"
 #include "backend/sampling.h"
 #include "checkpoint/weights.h"
@@ -76,6 +77,14 @@ class Backend {
   // and reports progress to `progress` (may be empty).
   virtual void prepare(const ModelWeights& weights, const LoadProgressFn& progress) = 0;
   void prepare(const ModelWeights& weights) { prepare(weights, LoadProgressFn()); }
+  // The backend's decode plan for the prepared `weights`, or nullptr when it has none (the
+  // CPU): the model then runs every step on the ops below.
+  virtual std::unique_ptr<DecodePlan> make_decode_plan(const ModelWeights& weights,
+                                                       const DecodePlanShape& shape) {
+    (void)weights;
+    (void)shape;
+    return nullptr;
+  }
   // Zero-filled f32 buffer of `count` values, owned by the backend until it is destroyed.
   virtual float* alloc(size_t count) = 0;
   virtual int32_t* alloc_i32(size_t count) = 0;

@@ -16,6 +16,7 @@ struct BenchContext {
   uint64_t checkpoint_bytes = 0;
   std::string backend;  // "cpu"
   std::string device;   // Backend::device_name()
+  std::string decode_path;  // Qwen36Model::decode_path(): the backend's decode plan, or the ops
   int threads = 0;
   BenchOptions options;
   double copy_bytes_per_second = 0;    // measured in the same run

@@ -77,4 +77,9 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
   return choice;
 }
 
+void announce_decode_path(const Qwen36Model& model) {
+  if (model.decode_plan() == nullptr) return;
+  std::fprintf(stderr, "lily: decode plan: %s\n", model.decode_path().c_str());
+}
+
 }  // namespace lily

@@ -7,6 +7,7 @@
 #include "backend/backend.h"
 #include "checkpoint/checkpoint.h"
 #include "cli/args.h"
+#include "model/qwen36_model.h"
 
 namespace lily {
 
@@ -25,5 +26,9 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
 
 // Prepare-time progress for a device upload: a bar on a terminal, plain lines otherwise.
 LoadProgressFn upload_progress();
+
+// Prints the decode plan the model runs (CUDA: which fused kernels, or why a part runs the ops)
+// to stderr; nothing when the backend has no plan (the CPU).
+void announce_decode_path(const Qwen36Model& model);
 
 }  // namespace lily

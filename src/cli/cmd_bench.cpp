@@ -65,6 +65,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   BackendChoice choice = choose_backend(args, *checkpoint, capacity, 1);
   const std::unique_ptr<Backend> backend = std::move(choice.backend);
   Qwen36Model model(*checkpoint, *backend, choice.chunk, upload_progress());
+  announce_decode_path(model);
   DecodeState state(*backend, checkpoint->config.shape, static_cast<int64_t>(capacity));
 
   BenchContext context;
@@ -73,6 +74,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   context.checkpoint_bytes = checkpoint->store.file_bytes();
   context.backend = backend->name();
   context.device = backend->device_name();
+  context.decode_path = model.decode_path();
   context.threads = backend->threads();
   context.options = options;
 

@@ -79,6 +79,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   BackendChoice choice = choose_backend(args, *checkpoint, max_seq, 1);
   const std::unique_ptr<Backend> backend = std::move(choice.backend);
   Qwen36Model model(*checkpoint, *backend, choice.chunk, upload_progress());
+  announce_decode_path(model);
   DecodeState state(*backend, checkpoint->config.shape, static_cast<int64_t>(max_seq));
   GenerationOptions options;
   options.max_tokens = static_cast<int64_t>(max_tokens);

@@ -52,6 +52,13 @@ Qwen36Model::Qwen36Model(const Checkpoint& checkpoint, Backend& backend, int64_t
   // step needs no copy between steps (submit_decode).
   next_token_ = ids_;
   record_ = backend_.alloc_i32(TokenRecordLayout::kWords);
+  plan_ = backend_.make_decode_plan(
+      weights_, DecodePlanShape{static_cast<int64_t>(H), static_cast<int64_t>(s.num_experts),
+                                static_cast<int64_t>(k), eps_});
+}
+
+std::string Qwen36Model::decode_path() const {
+  return plan_ == nullptr ? "every step on the backend ops" : plan_->describe();
 }
 
 void Qwen36Model::forward(DecodeState& state, std::span<const int32_t> tokens) {
@@ -110,7 +117,7 @@ void Qwen36Model::layers_forward(DecodeState& state, SeqPos pos, int64_t n) {
     } else {
       attention_mixer(layer, state.attention[i], state.capacity, pos, n, pending);
     }
-    moe(layer, n, &layer.post_attention_norm);
+    moe(i, n, &layer.post_attention_norm);
     pending = i + 1 < weights_.layers.size() ? &weights_.layers[i + 1].input_norm : nullptr;
   }
   be.add_rms_norm(residual_, delta_, weights_.final_norm, n, H, eps_, normed_);
@@ -227,9 +234,18 @@ void Qwen36Model::attention_mixer(const LayerWeights& layer, DecodeState::Attent
   be.matmul(w.o_proj, 0, static_cast<int64_t>(shape_.hidden_size), attn_out_, n, delta_);
 }
 
-void Qwen36Model::moe(const LayerWeights& layer, int64_t n, const DenseView* pending_norm) {
+void Qwen36Model::moe(size_t index, int64_t n, const DenseView* pending_norm) {
   Backend& be = backend_;
+  const LayerWeights& layer = weights_.layers[index];
   const MoeWeights& w = layer.moe;
+  // One token with the norm still owed (always, in layers_forward): the plan's fused block.
+  if (n == 1 && pending_norm == &layer.post_attention_norm && plan_ != nullptr &&
+      plan_->has_moe_block()) {
+    plan_->moe_block(index, MoeBlockBuffers{residual_, delta_, normed_, router_logits_,
+                                            shared_logit_, expert_ids_, expert_weights_,
+                                            expert_h_, shared_h_});
+    return;
+  }
   const auto E = static_cast<int64_t>(shape_.num_experts);
   const auto k = static_cast<int64_t>(shape_.num_experts_per_tok);
   const MatmulTarget gates[] = {{&w.router, 0, E, router_logits_},

@@ -3,8 +3,10 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <set>
 #include <span>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -36,6 +38,10 @@ class Qwen36Model {
   const ModelShape& shape() const { return shape_; }
   Backend& backend() { return backend_; }
   int64_t chunk() const { return chunk_; }
+  // Which decode path runs (the backend's plan, or the ops), for the start-up line.
+  std::string decode_path() const;
+  // The backend's decode plan; nullptr when every step runs on the ops.
+  const DecodePlan* decode_plan() const { return plan_.get(); }
 
   // Feeds `tokens` (ids < vocab) at state.position.., in chunks; leaves the logits of the last
   // token in logits() and the argmax in next_token(). Throws std::invalid_argument if the
@@ -95,7 +101,9 @@ class Qwen36Model {
   void attention_mixer(const LayerWeights& layer, DecodeState::AttentionCache& cache,
                        int64_t capacity, SeqPos start_pos, int64_t n,
                        const DenseView* pending_norm);
-  void moe(const LayerWeights& layer, int64_t n, const DenseView* pending_norm);
+  // Layer `index`'s MoE block: the decode plan's fused kernel for one token where it has one,
+  // else the ops.
+  void moe(size_t index, int64_t n, const DenseView* pending_norm);
 
   const ModelWeights& weights_;
   ModelShape shape_;
@@ -142,6 +150,7 @@ class Qwen36Model {
   static GraphKey graph_key(const DecodeState& state, const TokenChoice& choice);
   std::map<GraphKey, int> graphs_;
   std::set<GraphKey> warmed_;
+  std::unique_ptr<DecodePlan> plan_;  // built after the weights are prepared
 };
 
 }  // namespace lily

@@ -34,7 +34,7 @@
 #                                    ncu-decode.csv, and `lily bench` arms at
 #                                    LILY_PROFILE_CONTEXTS (default 256) for each of
 #                                    LILY_PROFILE_ARMS (default: default,nopdl,fusednorm;
-#                                    also nostream, noconv); LILY_NCU=0 skips Nsight Compute;
+#                                    also nostream, noconv, moelayer: LILY_CUDA_MOE_LAYER=1); LILY_NCU=0 skips Nsight Compute;
 #                                    LILY_NCU_DETAIL=<regex>: full sections of one kernel
 #   LILY_CONTEXTS      CUDA matrix contexts (default 256,1024,4096,16384,65536,131072)
 #   LILY_CPU_CONTEXTS  CPU matrix contexts (default 256,512,1024); LILY_THREADS (default 16)
@@ -136,6 +136,7 @@ if has_stage profile; then
         fusednorm) env=(LILY_CUDA_FUSED_NORM=1) ;;
         nostream) env=(LILY_CUDA_STREAM_GEMV=0) ;;
         noconv) env=(LILY_CUDA_FUSED_CONV=0) ;;
+        moelayer) env=(LILY_CUDA_MOE_LAYER=1) ;;
         *) echo "unknown arm $arm"; continue ;;
       esac
       echo -n "ctx $ctx $arm: "

@@ -64,6 +64,8 @@ class CudaBackend final : public Backend {
   void replay(int graph) override;
   void abort_capture() noexcept override;
   std::string code_path() const override;
+  std::unique_ptr<DecodePlan> make_decode_plan(const ModelWeights& weights,
+                                               const DecodePlanShape& shape) override;
 
   void embed(const QuantView& table, const int32_t* ids, int64_t n, float* out) override;
   void matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
@@ -125,6 +127,7 @@ class CudaBackend final : public Backend {
   void memory_info(size_t* free_bytes, size_t* total_bytes) const;
 
  private:
+  friend class CudaDecodePlan;  // resolves weights and allocates through the backend
   // The device copy of a weight, uploaded on first use (prepare uploads the model's). Not
   // during graph capture: device_alloc refuses then.
   const cuda::QuantMatrix& quant(const QuantView& view);

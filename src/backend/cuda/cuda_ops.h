@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "backend/sampling.h"
 
@@ -268,6 +269,47 @@ void gated_delta_step(const float* mixed, const float* window, const float* conv
 // logits [n, E]; ids [n, k] i32; weights [n, k]
 void moe_route(const float* logits, int64_t n, int64_t experts, int64_t k, int32_t* ids,
                float* weights, cudaStream_t s);
+
+// ---- moe_layer.cu (the decode plan's MoE block: one persistent launch per layer) --------
+// One token: residual += delta; normed = rms_norm(residual) * norm_gain; the router and
+// shared-gate logits; top-k routing; the routed and shared SwiGLU; out = down + combine.
+// Bit-identical to add_rms_norm + gemv_batch + route_expert_swiglu_gemv +
+// expert_down_combine_gemv. out may be delta (it is written only after delta is read).
+struct MoeLayerParams {
+  int64_t hidden = 0;   // H
+  int64_t experts = 0;  // E
+  int64_t k = 0;        // experts per token
+  float eps = 0.0f;
+  float* residual = nullptr;         // [H] f32, in/out
+  const float* delta = nullptr;      // [H] f32, the mixer's output
+  const float* norm_gain = nullptr;  // [H] f32 (post_attention_norm)
+  float* normed = nullptr;           // [H] f32 out
+  QuantMatrix router;                // [E, H]
+  QuantMatrix shared_expert_gate;    // [1, H]
+  QuantMatrix gate, up, down;        // [E x I, H], [E x I, H], [E x H, I]
+  QuantMatrix shared_gate, shared_up, shared_down;  // [S, H], [S, H], [H, S]
+  float* router_logits = nullptr;    // [E] f32 scratch
+  float* shared_logit = nullptr;     // [1] f32 scratch
+  int32_t* ids = nullptr;            // [k] i32 out
+  float* weights = nullptr;          // [k] f32 out
+  float* h = nullptr;                // [k, I] f32 scratch
+  float* shared_h = nullptr;         // [S] f32 scratch
+  float* out = nullptr;              // [H] f32 out
+  unsigned long long* barrier = nullptr;  // [1] u64 device, zeroed once, owned by one grid size
+  // Profiling only (tools/lab/moe_layer_lab.cu), nullptr in the server: [grid, kMoeLayerStamps]
+  // u64 %globaltimer stamps of each block's phase ends.
+  unsigned long long* timeline = nullptr;
+};
+// The phase ends moe_layer stamps into MoeLayerParams::timeline: after the dependency wait,
+// the norm, the router, barrier 1, the routing, the SwiGLU, barrier 2, the staging, the end.
+inline constexpr int kMoeLayerStamps = 9;
+// Empty when moe_layer takes these shapes and code widths, else why not.
+std::string moe_layer_unsupported(const MoeLayerParams& p);
+// The grid moe_layer must be launched with: every block co-resident (blocks per SM from the
+// occupancy calculator x SMs); 0 when none fits.
+int moe_layer_grid(const MoeLayerParams& p);
+size_t moe_layer_shared_bytes(const MoeLayerParams& p);
+void moe_layer(const MoeLayerParams& p, int grid, cudaStream_t s);
 
 // ---- sampler.cu -------------------------------------------------------------------------
 // The sampler ops' device state that must start zeroed (counters, a histogram): the backend

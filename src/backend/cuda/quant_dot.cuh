@@ -23,7 +23,7 @@ struct Chunk {
 
 // Lanes that share one row: the smallest power of two >= the row's chunk count, at most 32.
 // (A power of two so that the xor-shuffle reduction stays inside each lane segment.)
-inline int lanes_for_chunks(int64_t chunks) {
+__host__ __device__ inline int lanes_for_chunks(int64_t chunks) {
   int lanes = 1;
   while (lanes < chunks && lanes < 32) lanes *= 2;
   return lanes;

@@ -1,0 +1,197 @@
+// Kernel lab (not a test, not built by default): times the MoE block of one decode token on
+// model-shaped random weights, as the op path's four launches and as moe_layer's one
+// persistent launch, each in a CUDA graph over 8 layers, and prints moe_layer's phase timeline.
+// Build: cmake -DLILY_BUILD_LAB=ON, target moe_layer_lab; run: build/tools/lab/moe_layer_lab.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <vector>
+
+#include "backend/cuda/cuda_common.cuh"
+#include "backend/cuda/cuda_ops.h"
+
+using namespace lily::cuda;
+
+namespace {
+
+constexpr int64_t H = 2048, E = 256, I = 512, S = 512, K = 8;
+constexpr int kLayers = 8;  // 8 x ~420 MB: each graph replay streams weights from DRAM, not L2
+
+__global__ void fill_words(uint32_t* p, int64_t n, uint64_t seed) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    uint64_t z = (seed + uint64_t(i)) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    p[i] = uint32_t(z >> 32);
+  }
+}
+__global__ void fill_bf16(__nv_bfloat16* p, int64_t n, float v) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    p[i] = __float2bfloat16(v);
+  }
+}
+__global__ void fill_f32(float* p, int64_t n, float lo, float step) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    p[i] = lo + step * float(i % 97);
+  }
+}
+
+template <typename T>
+T* dev(int64_t count) {
+  void* p = nullptr;
+  LILY_CUDA_CHECK(cudaMalloc(&p, size_t(count) * sizeof(T)));
+  return static_cast<T*>(p);
+}
+
+QuantMatrix matrix(int bits, int64_t experts, int64_t out, int64_t in, uint64_t seed, float scale) {
+  QuantMatrix m;
+  m.bits = bits;
+  m.experts = experts;
+  m.out = out;
+  m.in = in;
+  const int64_t words = experts * out * in * bits / 32;
+  const int64_t groups = experts * out * in / 64;
+  auto* codes = dev<uint32_t>(words);
+  auto* scales = dev<__nv_bfloat16>(groups);
+  auto* biases = dev<__nv_bfloat16>(groups);
+  fill_words<<<1024, 256>>>(codes, words, seed);
+  fill_bf16<<<1024, 256>>>(scales, groups, scale);
+  fill_bf16<<<1024, 256>>>(biases, groups, -scale * float((1 << bits) - 1) / 2);
+  m.codes = codes;
+  m.scales = scales;
+  m.biases = biases;
+  return m;
+}
+
+float time_graph(cudaGraphExec_t g, cudaStream_t s, int reps) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  for (int i = 0; i < 3; ++i) cudaGraphLaunch(g, s);
+  cudaEventRecord(a, s);
+  for (int i = 0; i < reps; ++i) cudaGraphLaunch(g, s);
+  cudaEventRecord(b, s);
+  LILY_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  cudaEventElapsedTime(&ms, a, b);
+  return ms * 1000.0f / float(reps);
+}
+
+}  // namespace
+
+int main() {
+  set_pdl_enabled(true);
+  cudaStream_t s;
+  LILY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::vector<MoeLayerParams> layers(kLayers);
+  float* residual = dev<float>(H);
+  float* delta = dev<float>(H);
+  float* normed = dev<float>(H);
+  float* logits = dev<float>(E);
+  float* shared_logit = dev<float>(1);
+  int32_t* ids = dev<int32_t>(K);
+  float* weights = dev<float>(K);
+  float* h = dev<float>(K * I);
+  float* shared_h = dev<float>(S);
+  auto* barrier = dev<unsigned long long>(1);
+  cudaMemset(barrier, 0, 8);
+  float* gain = dev<float>(H);
+  fill_f32<<<8, 256>>>(residual, H, -1.0f, 0.02f);
+  fill_f32<<<8, 256>>>(delta, H, -0.5f, 0.01f);
+  fill_f32<<<8, 256>>>(gain, H, 0.8f, 0.004f);
+  for (int l = 0; l < kLayers; ++l) {
+    MoeLayerParams& p = layers[size_t(l)];
+    p.hidden = H;
+    p.experts = E;
+    p.k = K;
+    p.eps = 1e-6f;
+    p.residual = residual;
+    p.delta = delta;
+    p.norm_gain = gain;
+    p.normed = normed;
+    const uint64_t seed = 1000u * uint64_t(l);
+    p.router = matrix(8, 1, E, H, seed + 1, 0.002f);
+    p.shared_expert_gate = matrix(8, 1, 1, H, seed + 2, 0.002f);
+    p.gate = matrix(4, E, I, H, seed + 3, 0.01f);
+    p.up = matrix(4, E, I, H, seed + 4, 0.01f);
+    p.down = matrix(4, E, H, I, seed + 5, 0.01f);
+    p.shared_gate = matrix(4, 1, S, H, seed + 6, 0.01f);
+    p.shared_up = matrix(4, 1, S, H, seed + 7, 0.01f);
+    p.shared_down = matrix(4, 1, H, S, seed + 8, 0.01f);
+    p.router_logits = logits;
+    p.shared_logit = shared_logit;
+    p.ids = ids;
+    p.weights = weights;
+    p.h = h;
+    p.shared_h = shared_h;
+    p.out = delta;
+    p.barrier = barrier;
+  }
+  LILY_CUDA_CHECK(cudaDeviceSynchronize());
+  const int grid = moe_layer_grid(layers[0]);
+  std::printf("moe_layer: grid %d blocks, %zu bytes of shared memory; unsupported: '%s'\n", grid,
+              moe_layer_shared_bytes(layers[0]), moe_layer_unsupported(layers[0]).c_str());
+
+  // The op path of one layer, as CudaBackend dispatches it for n = 1.
+  const auto ops = [&](const MoeLayerParams& p) {
+    add_rms_norm(p.residual, p.delta, p.norm_gain, 1, H, p.eps, p.normed, s);
+    GemvTarget targets[2];
+    targets[0].w = p.router;
+    targets[0].rows = E;
+    targets[0].y = p.router_logits;
+    targets[1].w = p.shared_expert_gate;
+    targets[1].rows = 1;
+    targets[1].y = p.shared_logit;
+    gemv_batch(targets, 2, p.normed, 1, s);
+    route_expert_swiglu_gemv(p.router_logits, E, p.ids, p.weights, p.gate, p.up, K, p.h,
+                             p.shared_gate, p.shared_up, p.shared_h, p.normed, 1, &p.down, s);
+    expert_down_combine_gemv(p.down, p.h, p.ids, p.weights, 1, K, p.shared_down, p.shared_h,
+                             p.shared_logit, p.out, s);
+  };
+  cudaGraph_t graph;
+  cudaGraphExec_t op_graph, fused_graph;
+  LILY_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (const auto& p : layers) ops(p);
+  LILY_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  LILY_CUDA_CHECK(cudaGraphInstantiate(&op_graph, graph, 0));
+  LILY_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (const auto& p : layers) moe_layer(p, grid, s);
+  LILY_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  LILY_CUDA_CHECK(cudaGraphInstantiate(&fused_graph, graph, 0));
+  for (int round = 0; round < 2; ++round) {
+    const float op_us = time_graph(op_graph, s, 50);
+    const float fused_us = time_graph(fused_graph, s, 50);
+    std::printf("round %d: op path %.2f us per layer, moe_layer %.2f us per layer\n", round,
+                op_us / kLayers, fused_us / kLayers);
+  }
+
+  // One launch with the timeline (after a warm launch of the same layer: weights in L2 then,
+  // so also one of a cold layer).
+  auto* timeline = dev<unsigned long long>(int64_t(grid) * kMoeLayerStamps);
+  const char* names[kMoeLayerStamps] = {"wait", "norm", "router", "barrier1", "route",
+                                        "swiglu", "barrier2", "stage", "down"};
+  for (int l : {0, 0}) {
+    MoeLayerParams p = layers[size_t(l)];
+    p.timeline = timeline;
+    moe_layer(layers[7], grid, s);  // another layer's weights first
+    moe_layer(p, grid, s);
+    LILY_CUDA_CHECK(cudaStreamSynchronize(s));
+    std::vector<unsigned long long> t(size_t(grid) * kMoeLayerStamps);
+    cudaMemcpy(t.data(), timeline, t.size() * 8, cudaMemcpyDeviceToHost);
+    unsigned long long t0 = ~0ull;
+    for (int b = 0; b < grid; ++b) t0 = std::min(t0, t[size_t(b) * kMoeLayerStamps]);
+    std::printf("timeline (us from the first block's start; min / max over blocks):");
+    for (int ph = 0; ph < kMoeLayerStamps; ++ph) {
+      unsigned long long lo = ~0ull, hi = 0;
+      for (int b = 0; b < grid; ++b) {
+        lo = std::min(lo, t[size_t(b) * kMoeLayerStamps + ph]);
+        hi = std::max(hi, t[size_t(b) * kMoeLayerStamps + ph]);
+      }
+      std::printf(" %s %.2f/%.2f", names[ph], double(lo - t0) / 1000.0, double(hi - t0) / 1000.0);
+    }
+    std::printf("\n");
+  }
+  return 0;
+}
