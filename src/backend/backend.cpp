@@ -1,4 +1,4 @@
-// Defaults of the backend interface: capture (unsupported), fault sites, fused ops run unfused.
+// Defaults of the backend interface: capture (unsupported), fault sites, fused ops run unfused, f32 KV caches.
 #include "backend/backend.h"
 
 #include <stdexcept>
@@ -7,6 +7,57 @@
 #include "core/error.h"
 
 namespace lily {
+
+const char* kv_dtype_name(KvDtype dtype) { return dtype == KvDtype::bf16 ? "bf16" : "f32"; }
+size_t kv_dtype_bytes(KvDtype dtype) { return dtype == KvDtype::bf16 ? 2 : 4; }
+std::optional<KvDtype> parse_kv_dtype(std::string_view name) {
+  if (name == "f32") return KvDtype::f32;
+  if (name == "bf16") return KvDtype::bf16;
+  return std::nullopt;
+}
+
+float* KvCacheView::f32() const {
+  if (dtype != KvDtype::f32) {
+    throw std::logic_error(std::string("KvCacheView: an f32 pointer asked of a ") +
+                           kv_dtype_name(dtype) + " KV cache");
+  }
+  return static_cast<float*>(data);
+}
+uint16_t* KvCacheView::bf16_bits() const {
+  if (dtype != KvDtype::bf16) {
+    throw std::logic_error(std::string("KvCacheView: a bf16 pointer asked of a ") +
+                           kv_dtype_name(dtype) + " KV cache");
+  }
+  return static_cast<uint16_t*>(data);
+}
+
+namespace {
+// The defaults serve f32 caches only; anything else is the backend's to refuse clearly.
+void require_f32_cache(const Backend& be, KvDtype dtype, const char* op) {
+  if (dtype != KvDtype::f32) {
+    throw std::invalid_argument(be.name() + " " + op + ": the " + be.name() +
+                                " backend keeps KV caches in f32 only, asked for " +
+                                kv_dtype_name(dtype) + " (--kv-cache f32)");
+  }
+}
+}  // namespace
+
+KvCacheView Backend::alloc_kv_cache(size_t count, KvDtype dtype) {
+  require_f32_cache(*this, dtype, "alloc_kv_cache");
+  return KvCacheView(alloc(count));
+}
+void Backend::zero_kv_cache(const KvCacheView& cache, size_t count) {
+  require_f32_cache(*this, cache.dtype, "zero_kv_cache");
+  zero(cache.f32(), count);
+}
+void Backend::copy_kv_to_host(const KvCacheView& cache, size_t count, void* host_dst) {
+  require_f32_cache(*this, cache.dtype, "copy_kv_to_host");
+  copy_to_host(cache.f32(), count, static_cast<float*>(host_dst));
+}
+void Backend::copy_kv_from_host(const void* host_src, size_t count, const KvCacheView& cache) {
+  require_f32_cache(*this, cache.dtype, "copy_kv_from_host");
+  copy_from_host(static_cast<const float*>(host_src), count, cache.f32());
+}
 
 void Backend::matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t n) {
   for (const MatmulTarget& t : targets) {

@@ -5,8 +5,10 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 
 #include "backend/decode_plan.h"
 #include "backend/fault_injection.h"
@@ -43,6 +45,36 @@ struct SeqPos {
       : host(host_position), device(device_position) {}
   int64_t host = 0;
   const int32_t* device = nullptr;
+};
+
+// The element type of the attention layers' KV caches, chosen at start-up (--kv-cache,
+// docs/precision.md): f32 (exact: the reference path) or bf16 (half the bytes; each key and
+// value rounded to nearest-even when it is written, read back widened exactly to f32).
+enum class KvDtype : uint8_t { f32, bf16 };
+const char* kv_dtype_name(KvDtype dtype);             // "f32", "bf16"
+size_t kv_dtype_bytes(KvDtype dtype);                 // 4, 2
+std::optional<KvDtype> parse_kv_dtype(std::string_view name);  // "f32" / "bf16", else nullopt
+
+// One KV cache buffer (keys or values) [capacity, kv_heads, head_dim] in backend memory,
+// with the type of its elements: f32 values, or bf16 bit patterns (uint16_t: the top half of
+// the f32, core/bf16.h). Does not own the memory. A float* converts implicitly to an f32 view
+// (what a float* holds); a bf16 cache is only made by KvCacheView::bf16 or alloc_kv_cache.
+struct KvCacheView {
+  KvCacheView() = default;
+  KvCacheView(float* f32_values)  // NOLINT: implicit on purpose, the f32 cache is a float*
+      : data(f32_values), dtype(KvDtype::f32) {}
+  static KvCacheView bf16(uint16_t* bits) {
+    KvCacheView view;
+    view.data = bits;
+    view.dtype = KvDtype::bf16;
+    return view;
+  }
+  // The typed pointer; std::logic_error when the view holds the other dtype.
+  float* f32() const;
+  uint16_t* bf16_bits() const;
+
+  void* data = nullptr;
+  KvDtype dtype = KvDtype::f32;
 };
 
 // One output of Backend::matmul_group: y [n, rows] = rows row_begin.. of *w times x.
@@ -88,6 +120,16 @@ class Backend {
   // Zero-filled f32 buffer of `count` values, owned by the backend until it is destroyed.
   virtual float* alloc(size_t count) = 0;
   virtual int32_t* alloc_i32(size_t count) = 0;
+  // KV cache buffers of `count` elements of `dtype`, zero-filled, owned by the backend; and
+  // their zeroing and host copies (ops in issue order; the host copies wait, as copy_to_host).
+  // host_dst / host_src hold count elements of the dtype (float or uint16_t bf16 bits). A
+  // backend serves the dtypes serves_kv_cache says and refuses the others with
+  // std::invalid_argument; the defaults serve f32 through alloc, zero and the float copies.
+  virtual bool serves_kv_cache(KvDtype dtype) const { return dtype == KvDtype::f32; }
+  virtual KvCacheView alloc_kv_cache(size_t count, KvDtype dtype);
+  virtual void zero_kv_cache(const KvCacheView& cache, size_t count);
+  virtual void copy_kv_to_host(const KvCacheView& cache, size_t count, void* host_dst);
+  virtual void copy_kv_from_host(const void* host_src, size_t count, const KvCacheView& cache);
   // Ops run in the order they are issued; a device backend may return before they finish.
   // The host copies below wait for the ops before them and for their own transfer.
   virtual void zero(float* buffer, size_t count) = 0;
@@ -169,11 +211,13 @@ class Backend {
                                  const DenseView& k_norm, const AttentionDims& dims,
                                  SeqPos start_pos, int64_t n, float eps) = 0;
 
-  // Writes k, v [n, kv_heads, head_dim] into the caches [capacity, kv_heads, head_dim] at
-  // rows start_pos.., then causal attention of each query (read from qg) over cache rows
-  // 0..start_pos+t, scaled by 1/sqrt(head_dim), times sigmoid(gate).  out [n, q_heads*head_dim]
-  virtual void attention(const float* qg, const float* k, const float* v, float* k_cache,
-                         float* v_cache, int64_t capacity, const AttentionDims& dims,
+  // Writes k, v [n, kv_heads, head_dim] f32 into the caches [capacity, kv_heads, head_dim]
+  // (both of one dtype; bf16: each value rounded to nearest-even) at rows start_pos.., then
+  // causal attention of each query (read from qg) over cache rows 0..start_pos+t as the cache
+  // holds them (the new rows too: a bf16 cache's rounded values), scaled by 1/sqrt(head_dim),
+  // times sigmoid(gate); f32 arithmetic.  out [n, q_heads*head_dim] f32
+  virtual void attention(const float* qg, const float* k, const float* v, KvCacheView k_cache,
+                         KvCacheView v_cache, int64_t capacity, const AttentionDims& dims,
                          SeqPos start_pos, int64_t n, float* out) = 0;
 
   // Causal depthwise conv over time with the cached last K-1 inputs, then SiLU.

@@ -35,9 +35,11 @@ Json bench_report(const BenchContext& context, const BenchMeasurement& m,
   // position earlier: a difference of one token of KV per step, negligible.
   double decode_bytes = 0;
   for (int64_t i = 1; i <= steps; ++i) {
-    decode_bytes += static_cast<double>(decode_traffic(checkpoint, prompt_len + i).total());
+    decode_bytes +=
+        static_cast<double>(decode_traffic(checkpoint, prompt_len + i, context.kv_cache).total());
   }
-  const DecodeTraffic mid = decode_traffic(checkpoint, prompt_len + (steps + 1) / 2);
+  const DecodeTraffic mid =
+      decode_traffic(checkpoint, prompt_len + (steps + 1) / 2, context.kv_cache);
   const double achieved = decode_bytes / m.decode_seconds;
   const double copy = context.copy_bytes_per_second;
 
@@ -65,6 +67,7 @@ Json bench_report(const BenchContext& context, const BenchMeasurement& m,
         {"prompt_kind", kPromptKind},
         {"decode_steps", steps},
         {"decode_mode", "production_depth2_pipelined"},
+        {"kv_cache", kv_dtype_name(context.kv_cache)},
         {"token_choice", context.options.sampling ? "sampled: temperature 1, top_p 0.95, top_k 20, seed 0"
                                                    : "argmax"},
         {"model_dir", context.model_dir},
@@ -106,7 +109,7 @@ std::string bench_summary_line(const Json& r) {
   char line[512];
   std::snprintf(line, sizeof line,
                 "prefill: %lld tok in %.3fs (%.1f tok/s) | decode: %lld steps in %.3fs (%.1f tok/s) | "
-                "digest=%s | %.1f GB/s of %.1f GB/s copy (%.0f%%), floor %.1f tok/s",
+                "digest=%s | %.1f GB/s of %.1f GB/s copy (%.0f%%), floor %.1f tok/s | KV cache %s",
                 static_cast<long long>(r["workload"]["prompt_len"].get<int64_t>()),
                 prefill["wall_secs"].get<double>(), prefill["tok_s"].get<double>(),
                 static_cast<long long>(r["workload"]["decode_steps"].get<int64_t>()),
@@ -114,7 +117,8 @@ std::string bench_summary_line(const Json& r) {
                 decode["token_digest"].get<std::string>().c_str(),
                 bw["achieved_bytes_per_s"].get<double>() / 1e9,
                 bw["copy_bytes_per_s"].get<double>() / 1e9, bw["utilisation"].get<double>() * 100,
-                bw["floor_tok_s"].get<double>());
+                bw["floor_tok_s"].get<double>(),
+                r["workload"]["kv_cache"].get<std::string>().c_str());
   return line;
 }
 

@@ -22,6 +22,7 @@ struct BenchContext {
   double copy_bytes_per_second = 0;    // measured in the same run
   double matmul_flops_per_second = 0;  // measured in the same run (0: not measured)
   uint64_t backend_bytes = 0;  // Backend::allocated_bytes() after the measured pass (its peak)
+  KvDtype kv_cache = KvDtype::f32;  // the state's KV cache dtype (--kv-cache)
 };
 
 // Every field of docs/bench.md: meta (engine, commit, dirty, build), device, workload,

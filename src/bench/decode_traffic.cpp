@@ -3,11 +3,13 @@
 
 #include <string_view>
 
+#include "model/decode_state.h"
+
 namespace lily {
 
 namespace {
 
-constexpr uint64_t kStateBytes = sizeof(float);  // DecodeState buffers are f32
+constexpr uint64_t kStateBytes = sizeof(float);  // the Gated DeltaNet buffers are f32
 
 bool contains(std::string_view text, std::string_view part) {
   return text.find(part) != std::string_view::npos;
@@ -27,11 +29,7 @@ uint64_t attention_layers(const ModelShape& shape) {
 
 }  // namespace
 
-uint64_t kv_bytes_per_token(const ModelShape& shape) {
-  return attention_layers(shape) * 2 * shape.num_key_value_heads * shape.head_dim * kStateBytes;
-}
-
-DecodeTraffic decode_traffic(const Checkpoint& checkpoint, int64_t position) {
+DecodeTraffic decode_traffic(const Checkpoint& checkpoint, int64_t position, KvDtype kv_dtype) {
   const ModelShape& shape = checkpoint.config.shape;
   DecodeTraffic traffic;
   for (const TensorEntry& tensor : checkpoint.store.tensors()) {
@@ -47,7 +45,7 @@ DecodeTraffic decode_traffic(const Checkpoint& checkpoint, int64_t position) {
       traffic.dense_weight_bytes += tensor.nbytes;
     }
   }
-  const uint64_t per_token_kv = kv_bytes_per_token(shape);
+  const uint64_t per_token_kv = DecodeState::kv_bytes_per_token(shape, kv_dtype);
   traffic.kv_read_bytes = per_token_kv * static_cast<uint64_t>(position);
   traffic.kv_write_bytes = per_token_kv;
   const uint64_t gdn_layers = shape.num_layers - attention_layers(shape);

@@ -3,12 +3,14 @@
 
 #include <cstdint>
 
+#include "backend/backend.h"
 #include "checkpoint/checkpoint.h"
 
 namespace lily {
 
 // Bytes one decode step reads or writes at least, whatever the implementation (the floor's
-// numerator). Weights are the checkpoint's stored bytes; state bytes use lily's state dtypes.
+// numerator). Weights are the checkpoint's stored bytes; state bytes use lily's state dtypes:
+// the KV cache's (kv_dtype, --kv-cache), f32 for the Gated DeltaNet state.
 struct DecodeTraffic {
   uint64_t dense_weight_bytes = 0;   // every non-expert tensor incl. lm_head, norms, the router
   uint64_t routed_expert_bytes = 0;  // top_k of num_experts routed experts, every layer
@@ -24,7 +26,7 @@ struct DecodeTraffic {
 };
 
 // The traffic of a decode step that attends over `position` earlier tokens.
-DecodeTraffic decode_traffic(const Checkpoint& checkpoint, int64_t position);
+DecodeTraffic decode_traffic(const Checkpoint& checkpoint, int64_t position, KvDtype kv_dtype);
 
 // Multiply-add FLOPs (2 per MAC) for one token at `position`: every projection with the
 // routed experts counted top_k times, attention scores and values over position + 1 keys, and
@@ -32,8 +34,5 @@ DecodeTraffic decode_traffic(const Checkpoint& checkpoint, int64_t position);
 double token_flops(const Checkpoint& checkpoint, int64_t position);
 // The sum of token_flops over positions 0 .. length-1 (a prompt prefilled from empty).
 double prefill_flops(const Checkpoint& checkpoint, int64_t length);
-
-// Bytes of KV cache per token (all attention layers, K and V) in lily's state dtype (f32).
-uint64_t kv_bytes_per_token(const ModelShape& shape);
 
 }  // namespace lily

@@ -1,4 +1,4 @@
-// --device for run, serve and bench: picks the CPU or CUDA backend and the prefill chunk.
+// --device and --kv-cache for run, serve and bench: picks the CPU or CUDA backend, the prefill chunk and the KV cache dtype.
 #include "cli/backend_choice.h"
 
 #include <unistd.h>
@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <exception>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "core/error.h"
@@ -18,7 +19,30 @@ namespace {
 constexpr int64_t kCpuChunk = 256;
 constexpr int64_t kCudaChunk = 4096;  // Lily's PREFILL_CHUNK
 constexpr uint64_t kCudaHeadroom = 2ull << 30;  // prefill scratch at 4096 tokens + driver slack
+constexpr KvDtype kCudaDefaultKv = KvDtype::bf16;  // half the KV bytes (docs/precision.md)
+
+// --kv-cache as given (validated), or nullopt when absent.
+std::optional<KvDtype> kv_cache_option(const Args& args) {
+  const std::optional<std::string> text = args.get("kv-cache");
+  if (!text) return std::nullopt;
+  const std::optional<KvDtype> dtype = parse_kv_dtype(*text);
+  if (!dtype) throw InputError(args.source("kv-cache") + " is \"" + *text + "\", expected f32 or bf16");
+  return dtype;
+}
+
+InputError bf16_on_cpu(const Args& args, const std::string& why_cpu) {
+  return InputError(args.source("kv-cache") + " bf16 needs the CUDA backend, but " + why_cpu +
+                    "; the CPU backend keeps the KV cache in f32 (pass --kv-cache f32 or leave "
+                    "it out)");
+}
 }  // namespace
+
+void check_kv_cache_option(const Args& args) {
+  const std::optional<KvDtype> dtype = kv_cache_option(args);
+  if (dtype == KvDtype::bf16 && args.get("device").value_or("auto") == "cpu") {
+    throw bf16_on_cpu(args, args.source("device") + " cpu was chosen");
+  }
+}
 
 LoadProgressFn upload_progress() {
   auto bar = std::make_shared<LoadProgress>(stderr, ::isatty(STDERR_FILENO) != 0, "uploading weights");
@@ -35,15 +59,21 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
     throw InputError(args.source("device") + " is \"" + device + "\", expected auto, cpu or cuda");
   }
   const uint64_t threads = args.uint_or("threads", 0, 0, 1024);
+  const std::optional<KvDtype> kv_asked = kv_cache_option(args);
   BackendChoice choice;
   if (device == "cpu") {
+    if (kv_asked == KvDtype::bf16) throw bf16_on_cpu(args, args.source("device") + " cpu was chosen");
     choice.backend = make_cpu_backend(static_cast<int>(threads));
     choice.chunk = kCpuChunk;
+    choice.kv_cache = KvDtype::f32;
     return choice;
   }
-  const uint64_t required = checkpoint.stats.weight_bytes +
-                            static_cast<uint64_t>(states) * DecodeState::bytes(checkpoint.config.shape, static_cast<int64_t>(max_seq)) +
-                            extra_bytes + kCudaHeadroom;
+  const KvDtype cuda_kv = kv_asked.value_or(kCudaDefaultKv);
+  const uint64_t required =
+      checkpoint.stats.weight_bytes +
+      static_cast<uint64_t>(states) *
+          DecodeState::bytes(checkpoint.config.shape, static_cast<int64_t>(max_seq), cuda_kv) +
+      extra_bytes + kCudaHeadroom;
   if (device == "cuda") {
     if (args.has("threads")) {
       throw InputError(args.source("threads") + " applies to the CPU backend, not --device cuda");
@@ -55,8 +85,10 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
       throw InputError(std::string("--device cuda: ") + e.what());
     }
     choice.chunk = kCudaChunk;
-    std::fprintf(stderr, "lily: using CUDA on %s (%s)\n", choice.backend->device_name().c_str(),
-                 choice.backend->code_path().c_str());
+    choice.kv_cache = cuda_kv;
+    std::fprintf(stderr, "lily: using CUDA on %s (%s); KV cache %s\n",
+                 choice.backend->device_name().c_str(), choice.backend->code_path().c_str(),
+                 kv_dtype_name(cuda_kv));
     return choice;
   }
   std::string why;
@@ -64,16 +96,20 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
     try {
       choice.backend = make_cuda_backend(required);
       choice.chunk = kCudaChunk;
-      std::fprintf(stderr, "lily: --device auto: using CUDA on %s (%s)\n",
-                   choice.backend->device_name().c_str(), choice.backend->code_path().c_str());
+      choice.kv_cache = cuda_kv;
+      std::fprintf(stderr, "lily: --device auto: using CUDA on %s (%s); KV cache %s\n",
+                   choice.backend->device_name().c_str(), choice.backend->code_path().c_str(),
+                   kv_dtype_name(cuda_kv));
       return choice;
     } catch (const std::exception& e) {
       why = e.what();
     }
   }
+  if (kv_asked == KvDtype::bf16) throw bf16_on_cpu(args, "--device auto chose the CPU (" + why + ")");
   choice.backend = make_cpu_backend(static_cast<int>(threads));
   choice.chunk = kCpuChunk;
-  std::fprintf(stderr, "lily: --device auto: using the CPU (%s)\n", why.c_str());
+  choice.kv_cache = KvDtype::f32;
+  std::fprintf(stderr, "lily: --device auto: using the CPU (%s); KV cache f32\n", why.c_str());
   return choice;
 }
 

@@ -1,4 +1,4 @@
-// --device for run, serve and bench: picks the CPU or CUDA backend and the prefill chunk.
+// --device and --kv-cache for run, serve and bench: picks the CPU or CUDA backend, the prefill chunk and the KV cache dtype.
 #pragma once
 
 #include <cstdint>
@@ -14,13 +14,21 @@ namespace lily {
 struct BackendChoice {
   std::unique_ptr<Backend> backend;
   int64_t chunk = 256;  // prefill tokens per model pass: larger on a GPU (fewer, fuller launches)
+  KvDtype kv_cache = KvDtype::f32;  // the element type of every DecodeState's KV caches
 };
+
+// --kv-cache f32|bf16: the KV cache's element type (docs/precision.md). Absent: bf16 on CUDA,
+// f32 on the CPU. Refused before anything is loaded (InputError): any other value, and bf16
+// with --device cpu (the CPU backend keeps f32 caches). Call it next to check_device_option.
+void check_kv_cache_option(const Args& args);
 
 // --device auto (default): CUDA when a usable device (compute capability >= 8.0, enough
 // free memory) is present, else the CPU, and says which on stderr. --device cuda: CUDA or a
 // clear error. --device cpu: the CPU with --threads. `states` is how many DecodeStates of
 // `max_seq` tokens the command will allocate, `extra_bytes` what else it allocates in backend
-// memory (the session cache's snapshots), for the memory check.
+// memory (the session cache's snapshots), for the memory check, which sizes the states with
+// the KV cache dtype CUDA would use. The KV cache dtype follows --kv-cache or the backend's
+// default; --kv-cache bf16 is an error when --device auto falls back to the CPU.
 BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uint64_t max_seq,
                              int states, uint64_t extra_bytes = 0);
 

@@ -26,11 +26,13 @@ int cmd_bench(const std::vector<std::string>& argv) {
       {"json-out", true, "report file (required)"},
       {"device", true, "auto, cpu or cuda (default auto: CUDA when usable, else the CPU)"},
       {"threads", true, "CPU threads (default: all cores; CPU backend only)"},
+      {"kv-cache", true, "KV cache element type, f32 or bf16 (default bf16 on CUDA, f32 on the CPU)"},
       {"copy-probe-mib", true,
        "copy-bandwidth probe buffer in MiB, at least 256 so it exceeds the caches (default 512)"},
   };
   const Args args(argv, spec);
   check_device_option(args);
+  check_kv_cache_option(args);
   BenchOptions options;
   options.prompt_len = static_cast<int64_t>(args.uint_or("prompt-len", 0, 1, 262144));
   if (!args.has("prompt-len")) throw InputError("--prompt-len is required");
@@ -66,7 +68,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const std::unique_ptr<Backend> backend = std::move(choice.backend);
   Qwen36Model model(*checkpoint, *backend, choice.chunk, upload_progress());
   announce_decode_path(model);
-  DecodeState state(*backend, checkpoint->config.shape, static_cast<int64_t>(capacity));
+  DecodeState state(*backend, checkpoint->config.shape, static_cast<int64_t>(capacity),
+                    choice.kv_cache);
 
   BenchContext context;
   context.model_dir = dir;
@@ -76,6 +79,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   context.device = backend->device_name();
   context.decode_path = model.decode_path();
   context.threads = backend->threads();
+  context.kv_cache = choice.kv_cache;
   context.options = options;
 
   const BenchMeasurement measurement = run_bench(model, state, options);

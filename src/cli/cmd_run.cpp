@@ -51,10 +51,12 @@ int cmd_run(const std::vector<std::string>& argv) {
       {"max-seq", true, "state capacity in tokens, prompt + generated (default 4096)"},
       {"device", true, "auto, cpu or cuda (default auto: CUDA when usable, else the CPU)"},
       {"threads", true, "CPU threads (default: all cores; CPU backend only)"},
+      {"kv-cache", true, "KV cache element type, f32 or bf16 (default bf16 on CUDA, f32 on the CPU)"},
       {"ignore-eos", false, "do not stop at the checkpoint's stop tokens"},
   };
   const Args args(argv, spec);
   check_device_option(args);
+  check_kv_cache_option(args);
   if (args.has("prompt-ids") == args.has("prompt")) {
     throw InputError("give exactly one of --prompt-ids and --prompt");
   }
@@ -80,7 +82,8 @@ int cmd_run(const std::vector<std::string>& argv) {
   const std::unique_ptr<Backend> backend = std::move(choice.backend);
   Qwen36Model model(*checkpoint, *backend, choice.chunk, upload_progress());
   announce_decode_path(model);
-  DecodeState state(*backend, checkpoint->config.shape, static_cast<int64_t>(max_seq));
+  DecodeState state(*backend, checkpoint->config.shape, static_cast<int64_t>(max_seq),
+                    choice.kv_cache);
   GenerationOptions options;
   options.max_tokens = static_cast<int64_t>(max_tokens);
   options.top_logits = static_cast<int>(top);
@@ -112,12 +115,12 @@ int cmd_run(const std::vector<std::string>& argv) {
   const double decode_steps = static_cast<double>(result.tokens.size()) - 1.0;
   std::fprintf(stderr,
                "prefill %zu tokens in %.3f s (%.1f tok/s); decode %.0f steps in %.3f s "
-               "(%.1f tok/s); %s backend, %d threads\n",
+               "(%.1f tok/s); %s backend, %d threads, KV cache %s\n",
                prompt.size(), result.prefill_seconds,
                static_cast<double>(prompt.size()) / result.prefill_seconds, decode_steps,
                result.decode_seconds,
                decode_steps > 0 ? decode_steps / result.decode_seconds : 0.0,
-               backend->name().c_str(), backend->threads());
+               backend->name().c_str(), backend->threads(), kv_dtype_name(choice.kv_cache));
   return 0;
 }
 

@@ -95,6 +95,9 @@ int cmd_serve(const std::vector<std::string>& argv) {
       {"max-seq", true, "prompt + completion capacity in tokens (default 4096)"},
       {"device", true, "auto, cpu or cuda (default auto: CUDA when usable, else the CPU)"},
       {"threads", true, "CPU inference threads (default: all cores; CPU backend only)"},
+      {"kv-cache", true,
+       "KV cache element type, f32 or bf16 (default bf16 on CUDA, f32 on the CPU; bf16 halves "
+       "the state's KV bytes)"},
       {"queue", true, "requests waiting behind the one running before 429 (default 16)"},
       {"http-threads", true, "threads parsing and tokenising requests (default 4)"},
       {"api-key", true, "require Authorization: Bearer KEY (default: none)"},
@@ -134,6 +137,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   // Every option also from LILY_<NAME> and the config file (precedence in docs/cli.md).
   const Args args(argv, spec, ArgSources{"LILY_", "config"});
   check_device_option(args);
+  check_kv_cache_option(args);
   const uint64_t cli_max_seq = args.uint_or("max-seq", 4096, 1, 262144);
   const uint64_t queue = args.uint_or("queue", Engine::kDefaultQueueCapacity, 0, 1u << 20);
   const uint64_t http_threads = args.uint_or("http-threads", 4, 1, 256);
@@ -321,14 +325,16 @@ int cmd_serve(const std::vector<std::string>& argv) {
     serving.stop_tokens.insert(static_cast<int32_t>(id));
   }
   SessionCache cache(*backend, checkpoint->config.shape, static_cast<int64_t>(max_seq),
-                     SessionCache::kDefaultEntries, cache_snapshots);
+                     SessionCache::kDefaultEntries, cache_snapshots, choice.kv_cache);
   constexpr double kMiB = 1024.0 * 1024.0;
   std::fprintf(stderr,
-               "session cache: %zu states of %.1f MiB, %zu snapshots of %.1f MiB "
+               "session cache: %zu states of %.1f MiB (KV cache %s), %zu snapshots of %.1f MiB "
                "(--cache-snapshots)\n",
                SessionCache::kDefaultEntries,
                static_cast<double>(DecodeState::bytes(checkpoint->config.shape,
-                                                      static_cast<int64_t>(max_seq))) / kMiB,
+                                                      static_cast<int64_t>(max_seq),
+                                                      choice.kv_cache)) / kMiB,
+               kv_dtype_name(choice.kv_cache),
                cache_snapshots, static_cast<double>(snapshot_bytes) / kMiB);
   // A lost device ends the process: the engine has failed what it held, the handler turns
   // new requests away, and the main thread exits non-zero for a supervisor to restart it.

@@ -36,14 +36,16 @@ SessionLease::~SessionLease() {
 }
 
 SessionCache::SessionCache(Backend& backend, const ModelShape& shape, int64_t max_seq,
-                           size_t entries, size_t snapshots)
+                           size_t entries, size_t snapshots, KvDtype kv_dtype)
     : backend_(backend),
       max_seq_(max_seq),
       entries_(entries),
       snapshot_bytes_(StateSnapshot::bytes(shape)) {
   if (max_seq <= 0) throw std::invalid_argument("SessionCache: max_seq must be positive");
   slots_.resize(std::max<size_t>(entries, 1));
-  for (Slot& slot : slots_) slot.state = std::make_unique<DecodeState>(backend, shape, max_seq);
+  for (Slot& slot : slots_) {
+    slot.state = std::make_unique<DecodeState>(backend, shape, max_seq, kv_dtype);
+  }
   // Without entries nothing outlives its request, so no snapshot could ever be restored.
   snapshots_.resize(entries == 0 ? 0 : snapshots);
   for (Snapshot& snapshot : snapshots_) {

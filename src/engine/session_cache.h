@@ -81,9 +81,12 @@ class SessionCache {
 
   // `entries` = how many states stay warm between requests. 0 keeps nothing (every request
   // misses) but still owns one working state. `snapshots` = snapshots kept in total across the
-  // entries (StateSnapshot::bytes(shape) each); 0: strict-prefix reuse only.
+  // entries (StateSnapshot::bytes(shape) each); 0: strict-prefix reuse only. `kv_dtype`: the
+  // states' KV cache element type (--kv-cache; DecodeState). Snapshots hold no KV rows, so
+  // their size does not depend on it.
   SessionCache(Backend& backend, const ModelShape& shape, int64_t max_seq,
-               size_t entries = kDefaultEntries, size_t snapshots = 0);
+               size_t entries = kDefaultEntries, size_t snapshots = 0,
+               KvDtype kv_dtype = KvDtype::f32);
   SessionCache(const SessionCache&) = delete;
   SessionCache& operator=(const SessionCache&) = delete;
 

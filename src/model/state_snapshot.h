@@ -15,6 +15,8 @@ namespace lily {
 // are append-only per position (rows < p are never rewritten by tokens fed at >= p), so a
 // state whose token history up to p is unchanged still holds valid KV rows < p; restoring
 // the snapshot into that same state gives exactly the state at p, even after it moved on.
+// This holds for either KV cache dtype (--kv-cache): rows are rounded once, when written, and
+// never touched again, so a snapshot never copies KV rows and its size does not depend on it.
 //
 // Buffers, allocated once at construction in backend memory (f32), per GDN layer in layer
 // order (30 of the 40 layers for the full model, i % 4 != 3):

@@ -1,5 +1,6 @@
 // CPU gated full attention: q/k zero-centred norm, partial NeoX RoPE, KV cache, causal softmax.
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -89,10 +90,17 @@ void CpuBackend::attention_prepare(float* qg, float* k, const DenseView& q_norm,
   });
 }
 
-void CpuBackend::attention(const float* qg, const float* k, const float* v, float* k_cache,
-                           float* v_cache, int64_t capacity, const AttentionDims& dims,
+void CpuBackend::attention(const float* qg, const float* k, const float* v, KvCacheView k_view,
+                           KvCacheView v_view, int64_t capacity, const AttentionDims& dims,
                            SeqPos pos, int64_t n, float* out) {
   check_dims(dims, "attention");
+  // The CPU keeps f32 caches (alloc_kv_cache refuses bf16 here); a bf16 view is a caller bug.
+  cpu::require(k_view.dtype == KvDtype::f32 && v_view.dtype == KvDtype::f32, "attention",
+               std::string("the CPU backend reads f32 KV caches only, got ") +
+                   kv_dtype_name(k_view.dtype) + " keys and " + kv_dtype_name(v_view.dtype) +
+                   " values (--kv-cache f32)");
+  float* k_cache = k_view.f32();
+  float* v_cache = v_view.f32();
   const int64_t start_pos = resolve_position(pos, n, "attention");
   cpu::require(start_pos >= 0 && n > 0 && start_pos + n <= capacity, "attention",
                "positions [" + std::to_string(start_pos) + ", " + std::to_string(start_pos + n) +

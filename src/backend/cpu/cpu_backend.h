@@ -102,9 +102,9 @@ class CpuBackend : public Backend {
   void attention_prepare(float* qg, float* k, const DenseView& q_norm, const DenseView& k_norm,
                          const AttentionDims& dims, SeqPos start_pos, int64_t n,
                          float eps) override;
-  void attention(const float* qg, const float* k, const float* v, float* k_cache, float* v_cache,
-                 int64_t capacity, const AttentionDims& dims, SeqPos start_pos, int64_t n,
-                 float* out) override;
+  void attention(const float* qg, const float* k, const float* v, KvCacheView k_view,
+                 KvCacheView v_view, int64_t capacity, const AttentionDims& dims,
+                 SeqPos start_pos, int64_t n, float* out) override;
   void conv1d_silu(const float* mixed, float* window, const DenseView& weight,
                    const GatedDeltaNetDims& dims, int64_t n, float* out) override;
   void gated_delta_rule(const float* conv, const float* a, const float* b, const DenseView& a_log,

@@ -1,6 +1,13 @@
 // Gated full attention: q/k head norm + partial NeoX RoPE (attention_prepare), KV cache writes
 // and causal softmax attention (split-K flash decoding for one token, tiled flash attention
-// for a prefill chunk), all f32 on CUDA cores.
+// for a prefill chunk), all f32 arithmetic on CUDA cores over an f32 or bf16 KV cache.
+//
+// KV caches [capacity, kv_heads, head_dim], keys and values of one element type KV: float, or
+// __nv_bfloat16 (half the bytes; written with round-to-nearest-even, widened exactly to f32
+// when read, 16-byte loads of 8 values). Every kernel attends over the keys and values as the
+// cache holds them, including the row the launch itself writes: a bf16 cache's decode step
+// rounds the new token's k and v as it reads them, so prefill, decode and a reference over
+// the bf16-rounded rows agree to f32 rounding.
 //
 // Supported: head_dim in {64, 128, 256}; rotary_dim even, <= head_dim and <= 256; any
 // q_heads that is a multiple of kv_heads (query groups of 2, 4 or 8 share every K/V row read
@@ -15,6 +22,7 @@
 // (sum p v) / (sum p) * sigmoid(gate).
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -28,6 +36,56 @@ constexpr float kNegInf = -INFINITY;
 // exp(x - m) where m may be -inf (then every x is -inf too, and the weight is 0, not NaN).
 __device__ __forceinline__ float exp_shifted(float x, float m) {
   return expf(x - (m == kNegInf ? 0.0f : m));
+}
+
+// ---- KV cache elements -------------------------------------------------------------------
+
+template <typename KV>
+constexpr bool kIsBf16 = std::is_same_v<KV, __nv_bfloat16>;
+
+// x as a KV cache element (bf16: round-to-nearest-even).
+template <typename KV>
+__device__ __forceinline__ KV to_cache(float x) {
+  if constexpr (kIsBf16<KV>) {
+    return __float2bfloat16_rn(x);
+  } else {
+    return x;
+  }
+}
+
+// The value x becomes once stored in a KV cache of KV (exact for f32, RNE bf16 otherwise).
+template <typename KV>
+__device__ __forceinline__ float as_cached(float x) {
+  if constexpr (kIsBf16<KV>) {
+    return __bfloat162float(__float2bfloat16_rn(x));
+  } else {
+    return x;
+  }
+}
+
+// The two bf16 halves of a 32-bit word, widened (element 0 is the low half: little-endian).
+__device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
+__device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
+
+// Values one thread stages into shared memory per 16-byte load: 4 f32 or 8 bf16.
+template <typename KV>
+constexpr int kStageVec = kIsBf16<KV> ? 8 : 4;
+
+// kStageVec<KV> cache values at src (16-byte aligned) as f32 into dst (16-byte aligned).
+template <typename KV>
+__device__ __forceinline__ void stage_row_piece(const KV* src, float* dst) {
+  if constexpr (kIsBf16<KV>) {
+    const uint4 w = *reinterpret_cast<const uint4*>(src);
+    reinterpret_cast<float4*>(dst)[0] = make_float4(bf16_lo(w.x), bf16_hi(w.x), bf16_lo(w.y), bf16_hi(w.y));
+    reinterpret_cast<float4*>(dst)[1] = make_float4(bf16_lo(w.z), bf16_hi(w.z), bf16_lo(w.w), bf16_hi(w.w));
+  } else {
+    *reinterpret_cast<float4*>(dst) = *reinterpret_cast<const float4*>(src);
+  }
+}
+template <typename KV>
+__device__ __forceinline__ void stage_zero(float* dst) {
+#pragma unroll
+  for (int i = 0; i < kStageVec<KV> / 4; ++i) reinterpret_cast<float4*>(dst)[i] = make_float4(0.f, 0.f, 0.f, 0.f);
 }
 
 __device__ __forceinline__ int64_t read_position(int64_t pos_host, const int32_t* pos_device) {
@@ -110,23 +168,30 @@ __device__ __forceinline__ int64_t keys_per_split(int64_t keys, int splits) {
   return even > kDecodeMinKeys ? even : kDecodeMinKeys;
 }
 
-// The lane's share of a D-vector: kVec contiguous floats at c * 32 * kVec + lane * kVec.
-template <int D>
+// The lane's share of a D-vector: kVec contiguous values at c * 32 * kVec + lane * kVec, so
+// that one load per chunk reads 16 bytes of a cache row (4 f32 or 8 bf16) where D allows.
+// Queries, keys, values and the accumulators all use the cache type's layout.
+template <int D, typename KV>
 struct LaneSlice {
   static constexpr int kPer = D / 32;
-  static constexpr int kVec = kPer >= 4 ? 4 : kPer;
+  static constexpr int kMaxVec = kIsBf16<KV> ? 8 : 4;
+  static constexpr int kVec = kPer >= kMaxVec ? kMaxVec : kPer;
   static constexpr int kChunks = kPer / kVec;
   __device__ static int index(int lane, int c, int w) { return c * 32 * kVec + lane * kVec + w; }
+  // kVec f32 values (queries, the new token's k/v).
   __device__ static void load(const float* p, int lane, float (&dst)[kPer]) {
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
       const float* at = p + c * 32 * kVec + lane * kVec;
-      if constexpr (kVec == 4) {
-        const float4 q = *reinterpret_cast<const float4*>(at);
-        dst[c * 4 + 0] = q.x;
-        dst[c * 4 + 1] = q.y;
-        dst[c * 4 + 2] = q.z;
-        dst[c * 4 + 3] = q.w;
+      if constexpr (kVec >= 4) {
+#pragma unroll
+        for (int h = 0; h < kVec / 4; ++h) {
+          const float4 q = reinterpret_cast<const float4*>(at)[h];
+          dst[c * kVec + 4 * h + 0] = q.x;
+          dst[c * kVec + 4 * h + 1] = q.y;
+          dst[c * kVec + 4 * h + 2] = q.z;
+          dst[c * kVec + 4 * h + 3] = q.w;
+        }
       } else if constexpr (kVec == 2) {
         const float2 q = *reinterpret_cast<const float2*>(at);
         dst[c * 2 + 0] = q.x;
@@ -135,6 +200,43 @@ struct LaneSlice {
         dst[c] = *at;
       }
     }
+  }
+  // A cache row's share, widened to f32 (bf16: 8, 4 or 2 values per load for D 256, 128, 64).
+  __device__ static void load_cached(const KV* p, int lane, float (&dst)[kPer]) {
+    if constexpr (kIsBf16<KV>) {
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const KV* at = p + c * 32 * kVec + lane * kVec;
+        if constexpr (kVec == 8) {
+          const uint4 w = *reinterpret_cast<const uint4*>(at);
+          const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            dst[c * 8 + 2 * i] = bf16_lo(words[i]);
+            dst[c * 8 + 2 * i + 1] = bf16_hi(words[i]);
+          }
+        } else if constexpr (kVec == 4) {
+          const uint2 w = *reinterpret_cast<const uint2*>(at);
+          dst[c * 4 + 0] = bf16_lo(w.x);
+          dst[c * 4 + 1] = bf16_hi(w.x);
+          dst[c * 4 + 2] = bf16_lo(w.y);
+          dst[c * 4 + 3] = bf16_hi(w.y);
+        } else {
+          static_assert(kVec == 2, "head_dim 64, 128 or 256");
+          const uint32_t w = *reinterpret_cast<const uint32_t*>(at);
+          dst[c * 2 + 0] = bf16_lo(w);
+          dst[c * 2 + 1] = bf16_hi(w);
+        }
+      }
+    } else {
+      load(p, lane, dst);
+    }
+  }
+  // The new token's k or v (f32, not yet in the cache) as the cache will hold it.
+  __device__ static void load_as_cached(const float* p, int lane, float (&dst)[kPer]) {
+    load(p, lane, dst);
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) dst[e] = as_cached<KV>(dst[e]);
   }
 };
 
@@ -178,16 +280,17 @@ __device__ __forceinline__ float warp_reduce_scatter(float (&v)[N], int lane) {
 // (t, g), and the p's are then broadcast for the value sum. Against one warp_sum per key and
 // head this is about 2.5x fewer instructions per key, which at long contexts is the
 // difference between issue-bound and bandwidth-bound.
-// The cache row P (this token) is read from k/v directly, and written to the caches by the
-// block whose range holds it, so no block reads a row another block of this launch writes.
-template <int D, int G>
+// The cache row P (this token) is read from k/v directly (rounded as the cache stores it), and
+// written to the caches by the block whose range holds it, so no block reads a row another
+// block of this launch writes.
+template <int D, int G, typename KV>
 __global__ void __launch_bounds__(kDecodeThreads, 2)
-    decode_split_kernel(const float* qg, const float* k, const float* v, float* k_cache,
-                        float* v_cache, int64_t capacity, int q_heads, int kv_heads, int group,
+    decode_split_kernel(const float* qg, const float* k, const float* v, KV* k_cache,
+                        KV* v_cache, int64_t capacity, int q_heads, int kv_heads, int group,
                         int64_t pos_host, const int32_t* pos_device, int splits, float scale,
                         float* part_o, float* part_ml) {
   grid_dependency_wait();
-  using Slice = LaneSlice<D>;
+  using Slice = LaneSlice<D, KV>;
   constexpr int kPer = Slice::kPer;
   constexpr int T = kDecodeTile;
   constexpr int N = T * G;  // scores per tile
@@ -214,8 +317,8 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
 
   if (begin <= P && P < end && (G > 1 || unit % group == 0)) {
     for (int i = threadIdx.x; i < D; i += kDecodeThreads) {
-      k_cache[P * row + kvh * D + i] = k[kvh * D + i];
-      v_cache[P * row + kvh * D + i] = v[kvh * D + i];
+      k_cache[P * row + kvh * D + i] = to_cache<KV>(k[kvh * D + i]);
+      v_cache[P * row + kvh * D + i] = to_cache<KV>(v[kvh * D + i]);
     }
   }
 
@@ -242,8 +345,13 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
     for (int t = 0; t < T; ++t) {
       const int64_t j = j0 + t;
       if (j < end) {
-        Slice::load(j == P ? k + kvh * D : k_cache + j * row + kvh * D, lane, kt[t]);
-        Slice::load(j == P ? v + kvh * D : v_cache + j * row + kvh * D, lane, vt[t]);
+        if (j == P) {
+          Slice::load_as_cached(k + kvh * D, lane, kt[t]);
+          Slice::load_as_cached(v + kvh * D, lane, vt[t]);
+        } else {
+          Slice::load_cached(k_cache + j * row + kvh * D, lane, kt[t]);
+          Slice::load_cached(v_cache + j * row + kvh * D, lane, vt[t]);
+        }
       } else {
 #pragma unroll
         for (int e = 0; e < kPer; ++e) kt[t][e] = vt[t][e] = 0.0f;
@@ -395,7 +503,8 @@ __global__ void __launch_bounds__(D)
 //   S = Q K^T over D in chunks of kDc dims (K chunk staged in shared memory), masked, online
 //   softmax per row; P to shared memory; O += P V over chunks of kVk keys (V staged).
 // Thread (ty, tx) = (tid / 16, tid % 16) owns rows ty + 8i (i < 4), keys tx + 16j (j < 4) of
-// S and dims tx + 16c (c < D/16) of O. All in f32.
+// S and dims tx + 16c (c < D/16) of O. All in f32: a bf16 cache is widened as it is staged
+// (16-byte loads of 8 values), so shared memory and the arithmetic are those of the f32 path.
 
 constexpr int kBq = 32;
 constexpr int kBk = 64;
@@ -415,9 +524,9 @@ struct PrefillSmem {
   static constexpr size_t kBytes = sizeof(float) * kFloats;
 };
 
-template <int D>
+template <int D, typename KV>
 __global__ void __launch_bounds__(kPrefillThreads)
-    prefill_kernel(const float* qg, const float* k_cache, const float* v_cache, int q_heads,
+    prefill_kernel(const float* qg, const KV* k_cache, const KV* v_cache, int q_heads,
                    int kv_heads, int group, int64_t pos, int64_t n, float scale, float* out) {
   using Smem = PrefillSmem<D>;
   constexpr int kC = D / 16;  // O columns per thread
@@ -468,15 +577,16 @@ __global__ void __launch_bounds__(kPrefillThreads)
       for (int j = 0; j < 4; ++j) sacc[i][j] = 0.0f;
     for (int d0 = 0; d0 < D; d0 += kDChunk) {
       __syncthreads();  // the buffer is free (previous chunk / V chunk done)
-      for (int idx = tid; idx < kBk * kDChunk / 4; idx += kPrefillThreads) {
-        const int key = idx / (kDChunk / 4);
-        const int d4 = idx % (kDChunk / 4);
-        float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
+      constexpr int kV = kStageVec<KV>;
+      for (int idx = tid; idx < kBk * kDChunk / kV; idx += kPrefillThreads) {
+        const int key = idx / (kDChunk / kV);
+        const int dv = idx % (kDChunk / kV);
+        float* dst = buf + key * Smem::kKStride + dv * kV;
         if (kb + key < kv_end) {
-          val = *reinterpret_cast<const float4*>(k_cache + (kb + key) * row_stride + kvh * D +
-                                                 d0 + d4 * 4);
+          stage_row_piece<KV>(k_cache + (kb + key) * row_stride + kvh * D + d0 + dv * kV, dst);
+        } else {
+          stage_zero<KV>(dst);
         }
-        *reinterpret_cast<float4*>(buf + key * Smem::kKStride + d4 * 4) = val;
       }
       __syncthreads();
 #pragma unroll 4
@@ -538,15 +648,16 @@ __global__ void __launch_bounds__(kPrefillThreads)
     for (int k0 = 0; k0 < kBk; k0 += kVk) {
       if (kb + k0 >= kv_end) break;  // uniform across the block
       __syncthreads();  // buffer free; P visible
-      for (int idx = tid; idx < kVk * D / 4; idx += kPrefillThreads) {
-        const int key = idx / (D / 4);
-        const int d4 = idx % (D / 4);
-        float4 val = make_float4(0.f, 0.f, 0.f, 0.f);
+      constexpr int kV = kStageVec<KV>;
+      for (int idx = tid; idx < kVk * D / kV; idx += kPrefillThreads) {
+        const int key = idx / (D / kV);
+        const int dv = idx % (D / kV);
+        float* dst = buf + key * D + dv * kV;
         if (kb + k0 + key < kv_end) {
-          val = *reinterpret_cast<const float4*>(v_cache + (kb + k0 + key) * row_stride +
-                                                 kvh * D + d4 * 4);
+          stage_row_piece<KV>(v_cache + (kb + k0 + key) * row_stride + kvh * D + dv * kV, dst);
+        } else {
+          stage_zero<KV>(dst);
         }
-        *reinterpret_cast<float4*>(buf + key * D + d4 * 4) = val;
       }
       __syncthreads();
 #pragma unroll 4
@@ -580,6 +691,32 @@ __global__ void __launch_bounds__(kPrefillThreads)
   }
 }
 
+// ============================== prefill cache write (bf16) ==============================
+// blockIdx.y 0: k -> k_dst, 1: v -> v_dst; each thread rounds kStoreVec consecutive values
+// (two float4 loads, one 16-byte store), round-to-nearest-even. `pieces` = values / kStoreVec.
+constexpr int kStoreVec = 8;
+
+__global__ void store_bf16_rows_kernel(const float* k, const float* v, __nv_bfloat16* k_dst,
+                                       __nv_bfloat16* v_dst, int64_t pieces) {
+  grid_dependency_wait();
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= pieces) return;
+  const float* src = (blockIdx.y == 0 ? k : v) + i * kStoreVec;
+  __nv_bfloat16* dst = (blockIdx.y == 0 ? k_dst : v_dst) + i * kStoreVec;
+  const float4 a = reinterpret_cast<const float4*>(src)[0];
+  const float4 b = reinterpret_cast<const float4*>(src)[1];
+  const __nv_bfloat162 p0 = __floats2bfloat162_rn(a.x, a.y);
+  const __nv_bfloat162 p1 = __floats2bfloat162_rn(a.z, a.w);
+  const __nv_bfloat162 p2 = __floats2bfloat162_rn(b.x, b.y);
+  const __nv_bfloat162 p3 = __floats2bfloat162_rn(b.z, b.w);
+  uint4 out;
+  out.x = *reinterpret_cast<const uint32_t*>(&p0);
+  out.y = *reinterpret_cast<const uint32_t*>(&p1);
+  out.z = *reinterpret_cast<const uint32_t*>(&p2);
+  out.w = *reinterpret_cast<const uint32_t*>(&p3);
+  *reinterpret_cast<uint4*>(dst) = out;
+}
+
 // ============================== host side ===============================================
 
 RopeFreqs rope_freqs(const AttentionShape& a) {
@@ -611,19 +748,19 @@ int decode_splits(int64_t capacity) {
   return static_cast<int>(wanted < kDecodeMaxSplits ? (wanted > 0 ? wanted : 1) : kDecodeMaxSplits);
 }
 
-template <int D, int G>
-void launch_decode_split(const float* qg, const float* k, const float* v, float* k_cache,
-                         float* v_cache, int64_t capacity, const AttentionShape& a, int units,
+template <int D, int G, typename KV>
+void launch_decode_split(const float* qg, const float* k, const float* v, KV* k_cache,
+                         KV* v_cache, int64_t capacity, const AttentionShape& a, int units,
                          int64_t pos_host, const int32_t* pos_device, int splits, float scale,
                          float* part_o, float* part_ml, cudaStream_t s) {
   const int group = a.q_heads / a.kv_heads;
-  launch(decode_split_kernel<D, G>, dim3(static_cast<unsigned>(units), static_cast<unsigned>(splits)),
+  launch(decode_split_kernel<D, G, KV>, dim3(static_cast<unsigned>(units), static_cast<unsigned>(splits)),
          kDecodeThreads, 0, s, qg, k, v, k_cache, v_cache, capacity, a.q_heads, a.kv_heads, group,
          pos_host, pos_device, splits, scale, part_o, part_ml);
 }
 
-template <int D>
-void launch_decode(const float* qg, const float* k, const float* v, float* k_cache, float* v_cache,
+template <int D, typename KV>
+void launch_decode(const float* qg, const float* k, const float* v, KV* k_cache, KV* v_cache,
                    int64_t capacity, const AttentionShape& a, int64_t pos_host,
                    const int32_t* pos_device, float* out, Workspace& ws, cudaStream_t s) {
   const int group = a.q_heads / a.kv_heads;
@@ -637,59 +774,89 @@ void launch_decode(const float* qg, const float* k, const float* v, float* k_cac
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   switch (G) {
     case 8:
-      launch_decode_split<D, 8>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
-                                pos_device, splits, scale, part_o, part_ml, s);
+      launch_decode_split<D, 8, KV>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
+                                    pos_device, splits, scale, part_o, part_ml, s);
       break;
     case 4:
-      launch_decode_split<D, 4>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
-                                pos_device, splits, scale, part_o, part_ml, s);
+      launch_decode_split<D, 4, KV>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
+                                    pos_device, splits, scale, part_o, part_ml, s);
       break;
     case 2:
-      launch_decode_split<D, 2>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
-                                pos_device, splits, scale, part_o, part_ml, s);
+      launch_decode_split<D, 2, KV>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
+                                    pos_device, splits, scale, part_o, part_ml, s);
       break;
     default:
-      launch_decode_split<D, 1>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
-                                pos_device, splits, scale, part_o, part_ml, s);
+      launch_decode_split<D, 1, KV>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
+                                    pos_device, splits, scale, part_o, part_ml, s);
       break;
   }
   launch(decode_combine_kernel<D>, static_cast<unsigned>(a.q_heads), D, 0, s, qg, capacity, G,
          pos_host, pos_device, splits, part_o, part_ml, out);
 }
 
-template <int D>
-void launch_prefill(const float* qg, const float* k, const float* v, float* k_cache,
-                    float* v_cache, const AttentionShape& a, int64_t pos, int64_t n, float* out,
-                    cudaStream_t s) {
-  const size_t row_bytes = static_cast<size_t>(a.kv_heads) * D * sizeof(float);
-  LILY_CUDA_CHECK(cudaMemcpyAsync(k_cache + pos * a.kv_heads * D, k, n * row_bytes,
-                                  cudaMemcpyDeviceToDevice, s));
-  LILY_CUDA_CHECK(cudaMemcpyAsync(v_cache + pos * a.kv_heads * D, v, n * row_bytes,
-                                  cudaMemcpyDeviceToDevice, s));
+// The prefill's new rows into the caches: a device copy for f32, a rounding kernel for bf16.
+void store_rows(const float* k, const float* v, float* k_dst, float* v_dst, size_t count,
+                cudaStream_t s) {
+  LILY_CUDA_CHECK(cudaMemcpyAsync(k_dst, k, count * sizeof(float), cudaMemcpyDeviceToDevice, s));
+  LILY_CUDA_CHECK(cudaMemcpyAsync(v_dst, v, count * sizeof(float), cudaMemcpyDeviceToDevice, s));
+}
+void store_rows(const float* k, const float* v, __nv_bfloat16* k_dst, __nv_bfloat16* v_dst,
+                size_t count, cudaStream_t s) {
+  constexpr int kThreads = 256;
+  const size_t pieces = count / kStoreVec;  // count = n * kv_heads * head_dim: a multiple of 64
+  const auto blocks = static_cast<unsigned>((pieces + kThreads - 1) / kThreads);
+  launch(store_bf16_rows_kernel, dim3(blocks, 2), kThreads, 0, s, k, v, k_dst, v_dst,
+         static_cast<int64_t>(pieces));
+}
+
+template <int D, typename KV>
+void launch_prefill(const float* qg, const float* k, const float* v, KV* k_cache, KV* v_cache,
+                    const AttentionShape& a, int64_t pos, int64_t n, float* out, cudaStream_t s) {
+  const int64_t row = static_cast<int64_t>(a.kv_heads) * D;
+  store_rows(k, v, k_cache + pos * row, v_cache + pos * row, static_cast<size_t>(n * row), s);
   constexpr size_t kSmem = PrefillSmem<D>::kBytes;
   static bool configured = false;  // one attribute set per instantiation (host-side, no sync)
   if (!configured) {
-    LILY_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<D>,
+    LILY_CUDA_CHECK(cudaFuncSetAttribute(prefill_kernel<D, KV>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(kSmem)));
     configured = true;
   }
   const auto tiles = static_cast<unsigned>((n + kBq - 1) / kBq);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  prefill_kernel<D><<<dim3(tiles, static_cast<unsigned>(a.q_heads)), kPrefillThreads, kSmem, s>>>(
+  prefill_kernel<D, KV><<<dim3(tiles, static_cast<unsigned>(a.q_heads)), kPrefillThreads, kSmem, s>>>(
       qg, k_cache, v_cache, a.q_heads, a.kv_heads, a.q_heads / a.kv_heads, pos, n, scale, out);
   LILY_CUDA_LAUNCH_CHECK();
 }
 
-template <int D>
-void launch_attention(const float* qg, const float* k, const float* v, float* k_cache,
-                      float* v_cache, int64_t capacity, const AttentionShape& a, int64_t pos_host,
+template <int D, typename KV>
+void launch_attention(const float* qg, const float* k, const float* v, KV* k_cache, KV* v_cache,
+                      int64_t capacity, const AttentionShape& a, int64_t pos_host,
                       const int32_t* pos_device, int64_t n, float* out, Workspace& ws,
                       cudaStream_t s) {
   if (n == 1) {
-    launch_decode<D>(qg, k, v, k_cache, v_cache, capacity, a, pos_host, pos_device, out, ws, s);
+    launch_decode<D, KV>(qg, k, v, k_cache, v_cache, capacity, a, pos_host, pos_device, out, ws, s);
   } else {
-    launch_prefill<D>(qg, k, v, k_cache, v_cache, a, pos_host, n, out, s);
+    launch_prefill<D, KV>(qg, k, v, k_cache, v_cache, a, pos_host, n, out, s);
+  }
+}
+
+template <typename KV>
+void attention_typed(const float* qg, const float* k, const float* v, KV* k_cache, KV* v_cache,
+                     int64_t capacity, const AttentionShape& a, int64_t pos_host,
+                     const int32_t* pos_device, int64_t n, float* out, Workspace& ws,
+                     cudaStream_t s) {
+  switch (a.head_dim) {
+    case 64:
+      return launch_attention<64, KV>(qg, k, v, k_cache, v_cache, capacity, a, pos_host,
+                                      pos_device, n, out, ws, s);
+    case 128:
+      return launch_attention<128, KV>(qg, k, v, k_cache, v_cache, capacity, a, pos_host,
+                                       pos_device, n, out, ws, s);
+    case 256:
+      return launch_attention<256, KV>(qg, k, v, k_cache, v_cache, capacity, a, pos_host,
+                                       pos_device, n, out, ws, s);
+    default: throw std::invalid_argument("cuda attention: head_dim must be 64, 128 or 256");
   }
 }
 
@@ -707,19 +874,21 @@ void attention_prepare(float* qg, float* k, const float* q_norm, const float* k_
   }
 }
 
-void attention(const float* qg, const float* k, const float* v, float* k_cache, float* v_cache,
+void attention(const float* qg, const float* k, const float* v, const KvCaches& caches,
                int64_t capacity, const AttentionShape& a, int64_t pos_host,
                const int32_t* pos_device, int64_t n, float* out, Workspace& ws, cudaStream_t s) {
   if (n <= 0) return;
-  switch (a.head_dim) {
-    case 64:
-      return launch_attention<64>(qg, k, v, k_cache, v_cache, capacity, a, pos_host, pos_device, n, out, ws, s);
-    case 128:
-      return launch_attention<128>(qg, k, v, k_cache, v_cache, capacity, a, pos_host, pos_device, n, out, ws, s);
-    case 256:
-      return launch_attention<256>(qg, k, v, k_cache, v_cache, capacity, a, pos_host, pos_device, n, out, ws, s);
-    default: throw std::invalid_argument("cuda attention: head_dim must be 64, 128 or 256");
+  switch (caches.type) {
+    case KvType::f32:
+      return attention_typed(qg, k, v, static_cast<float*>(caches.keys),
+                             static_cast<float*>(caches.values), capacity, a, pos_host,
+                             pos_device, n, out, ws, s);
+    case KvType::bf16:
+      return attention_typed(qg, k, v, static_cast<__nv_bfloat16*>(caches.keys),
+                             static_cast<__nv_bfloat16*>(caches.values), capacity, a, pos_host,
+                             pos_device, n, out, ws, s);
   }
+  throw std::invalid_argument("cuda attention: unknown KV cache type");
 }
 
 }  // namespace lily::cuda

@@ -285,6 +285,36 @@ int32_t* CudaBackend::alloc_i32(size_t count) {
   return static_cast<int32_t*>(device_alloc(count * 4));
 }
 
+bool CudaBackend::serves_kv_cache(KvDtype dtype) const {
+  return dtype == KvDtype::f32 || dtype == KvDtype::bf16;
+}
+
+KvCacheView CudaBackend::alloc_kv_cache(size_t count, KvDtype dtype) {
+  require(serves_kv_cache(dtype), "alloc_kv_cache", "unknown KV cache dtype");
+  void* ptr = device_alloc(count * kv_dtype_bytes(dtype));  // 256-byte aligned: 16-byte loads
+  return dtype == KvDtype::bf16 ? KvCacheView::bf16(static_cast<uint16_t*>(ptr))
+                                : KvCacheView(static_cast<float*>(ptr));
+}
+
+void CudaBackend::zero_kv_cache(const KvCacheView& cache, size_t count) {
+  require(cache.data != nullptr, "zero_kv_cache", "null cache");
+  LILY_CUDA_CHECK(cudaMemsetAsync(cache.data, 0, count * kv_dtype_bytes(cache.dtype), stream_));
+}
+
+void CudaBackend::copy_kv_to_host(const KvCacheView& cache, size_t count, void* host_dst) {
+  require(cache.data != nullptr && host_dst != nullptr, "copy_kv_to_host", "null buffers");
+  LILY_CUDA_CHECK(cudaMemcpyAsync(host_dst, cache.data, count * kv_dtype_bytes(cache.dtype),
+                                  cudaMemcpyDeviceToHost, stream_));
+  LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::copy_kv_from_host(const void* host_src, size_t count, const KvCacheView& cache) {
+  require(cache.data != nullptr && host_src != nullptr, "copy_kv_from_host", "null buffers");
+  LILY_CUDA_CHECK(cudaMemcpyAsync(cache.data, host_src, count * kv_dtype_bytes(cache.dtype),
+                                  cudaMemcpyHostToDevice, stream_));
+  LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host buffer may be reused at once
+}
+
 void CudaBackend::zero(float* buffer, size_t count) {
   LILY_CUDA_CHECK(cudaMemsetAsync(buffer, 0, count * sizeof(float), stream_));
 }
@@ -697,17 +727,23 @@ void CudaBackend::attention_prepare(float* qg, float* k, const DenseView& q_norm
                           n, eps, stream_);
 }
 
-void CudaBackend::attention(const float* qg, const float* k, const float* v, float* k_cache,
-                            float* v_cache, int64_t capacity, const AttentionDims& dims,
+void CudaBackend::attention(const float* qg, const float* k, const float* v, KvCacheView k_cache,
+                            KvCacheView v_cache, int64_t capacity, const AttentionDims& dims,
                             SeqPos start_pos, int64_t n, float* out) {
   const cuda::AttentionShape a = attention_shape(dims, "attention");
   require(capacity > 0, "attention", "needs capacity > 0");
   check_position(start_pos, n, capacity, "attention");
-  require(qg != nullptr && k != nullptr && v != nullptr && k_cache != nullptr &&
-              v_cache != nullptr && out != nullptr,
+  require(qg != nullptr && k != nullptr && v != nullptr && k_cache.data != nullptr &&
+              v_cache.data != nullptr && out != nullptr,
           "attention", "null buffers");
-  cuda::attention(qg, k, v, k_cache, v_cache, capacity, a, start_pos.host, start_pos.device, n,
-                  out, *workspace_, stream_);
+  require(k_cache.dtype == v_cache.dtype, "attention",
+          std::string("keys and values must share one KV cache dtype, got ") +
+              kv_dtype_name(k_cache.dtype) + " keys and " + kv_dtype_name(v_cache.dtype) +
+              " values");
+  const cuda::KvCaches caches{k_cache.data, v_cache.data,
+                              k_cache.dtype == KvDtype::bf16 ? cuda::KvType::bf16 : cuda::KvType::f32};
+  cuda::attention(qg, k, v, caches, capacity, a, start_pos.host, start_pos.device, n, out,
+                  *workspace_, stream_);
 }
 
 void CudaBackend::conv1d_silu(const float* mixed, float* window, const DenseView& weight,

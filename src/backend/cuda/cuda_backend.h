@@ -47,6 +47,12 @@ class CudaBackend final : public Backend {
   void prepare(const ModelWeights& weights, const LoadProgressFn& progress) override;
   float* alloc(size_t count) override;
   int32_t* alloc_i32(size_t count) override;
+  // f32 and bf16 KV caches (bf16: 2 bytes per element, 16-byte loads of 8 in the kernels).
+  bool serves_kv_cache(KvDtype dtype) const override;
+  KvCacheView alloc_kv_cache(size_t count, KvDtype dtype) override;
+  void zero_kv_cache(const KvCacheView& cache, size_t count) override;
+  void copy_kv_to_host(const KvCacheView& cache, size_t count, void* host_dst) override;
+  void copy_kv_from_host(const void* host_src, size_t count, const KvCacheView& cache) override;
   void zero(float* buffer, size_t count) override;
   void copy_to_host(const float* src, size_t count, float* host_dst) override;
   void copy_from_host(const int32_t* host_src, size_t count, int32_t* dst) override;
@@ -88,9 +94,9 @@ class CudaBackend final : public Backend {
   void attention_prepare(float* qg, float* k, const DenseView& q_norm, const DenseView& k_norm,
                          const AttentionDims& dims, SeqPos start_pos, int64_t n,
                          float eps) override;
-  void attention(const float* qg, const float* k, const float* v, float* k_cache, float* v_cache,
-                 int64_t capacity, const AttentionDims& dims, SeqPos start_pos, int64_t n,
-                 float* out) override;
+  void attention(const float* qg, const float* k, const float* v, KvCacheView k_cache,
+                 KvCacheView v_cache, int64_t capacity, const AttentionDims& dims,
+                 SeqPos start_pos, int64_t n, float* out) override;
   void conv1d_silu(const float* mixed, float* window, const DenseView& weight,
                    const GatedDeltaNetDims& dims, int64_t n, float* out) override;
   void gated_delta_rule(const float* conv, const float* a, const float* b, const DenseView& a_log,

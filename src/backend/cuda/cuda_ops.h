@@ -227,12 +227,21 @@ struct AttentionShape {
 void attention_prepare(float* qg, float* k, const float* q_norm, const float* k_norm,
                        const AttentionShape& a, int64_t pos_host, const int32_t* pos_device,
                        int64_t n, float eps, cudaStream_t s);
-// Writes k, v [n, kv_heads, head_dim] into the caches [capacity, kv_heads, head_dim] at rows
-// pos.., then causal attention of each query over cache rows 0..pos+t, scaled by
-// 1/sqrt(head_dim), times sigmoid(gate).  out [n, q_heads * head_dim] f32.
+// The two KV caches of an attention layer, [capacity, kv_heads, head_dim] each, of one
+// element type: f32, or bf16 (__nv_bfloat16, written with round-to-nearest-even).
+enum class KvType { f32, bf16 };
+struct KvCaches {
+  void* keys = nullptr;
+  void* values = nullptr;
+  KvType type = KvType::f32;
+};
+// Writes k, v [n, kv_heads, head_dim] f32 into the caches at rows pos.. (bf16: rounded), then
+// causal attention of each query over cache rows 0..pos+t as stored (the new rows too, so a
+// bf16 cache's rounding is seen from the token that writes it), scaled by 1/sqrt(head_dim),
+// times sigmoid(gate); f32 arithmetic.  out [n, q_heads * head_dim] f32.
 // With pos_device the kernels size their grids by `capacity` (the position is unknown when
 // a graph is captured) and never touch rows >= capacity.
-void attention(const float* qg, const float* k, const float* v, float* k_cache, float* v_cache,
+void attention(const float* qg, const float* k, const float* v, const KvCaches& caches,
                int64_t capacity, const AttentionShape& a, int64_t pos_host,
                const int32_t* pos_device, int64_t n, float* out, Workspace& ws, cudaStream_t s);
 

@@ -1,7 +1,9 @@
 // CPU backend argument validation: each op throws std::invalid_argument for what it cannot serve.
 #include <gtest/gtest.h>
 
+#include <cstdint>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "backend_test_support.h"
@@ -99,6 +101,32 @@ TEST(BackendRejects, AttentionPrepareBadDimsAndNormSizes) {
   wide_rotary.rotary_dim = 66;
   EXPECT_THROW(be->attention_prepare(qg.data(), k.data(), norm.view(), norm.view(), wide_rotary, 0, 1, kEps),
                std::invalid_argument);
+}
+
+// The CPU backend keeps f32 KV caches (--kv-cache bf16 is a CUDA option): a bf16 view is refused.
+TEST(BackendRejects, AttentionOnABf16CacheOnTheCpu) {
+  auto be = cpu();
+  const AttentionDims d{4, 2, 64, 16, 1e7};
+  std::vector<float> qg(4 * 2 * 64, 0.1f);
+  std::vector<float> k(2 * 64, 0.1f);
+  std::vector<float> v(k.size(), 0.1f);
+  std::vector<float> k_f32(4 * 2 * 64);
+  std::vector<uint16_t> v_bf16(k_f32.size());
+  std::vector<float> out(4 * 64);
+  try {
+    be->attention(qg.data(), k.data(), v.data(), k_f32.data(), KvCacheView::bf16(v_bf16.data()), 4,
+                  d, 0, 1, out.data());
+    ADD_FAILURE() << "a bf16 value cache was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("f32 KV caches only, got f32 keys and bf16 values"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_FALSE(be->serves_kv_cache(KvDtype::bf16));
+  EXPECT_THROW(be->alloc_kv_cache(8, KvDtype::bf16), std::invalid_argument);
+  // The typed accessors refuse the other dtype.
+  EXPECT_THROW(KvCacheView::bf16(v_bf16.data()).f32(), std::logic_error);
+  EXPECT_THROW(KvCacheView(k_f32.data()).bf16_bits(), std::logic_error);
 }
 
 TEST(BackendRejects, AttentionBeyondCapacity) {

@@ -42,7 +42,7 @@ TEST(DecodeTraffic, TinyProfileMatchesTheShape) {
   const double q4 = 0.5 + 4.0 / 64.0;
   const uint64_t layers = s.num_layers;
   const uint64_t attention_layers = layers / 4;
-  const DecodeTraffic t = decode_traffic(ck, 100);
+  const DecodeTraffic t = decode_traffic(ck, 100, KvDtype::f32);
   const double routed = static_cast<double>(layers * s.num_experts_per_tok * 3 *
                                             s.moe_intermediate_size * s.hidden_size) * q4;
   EXPECT_EQ(static_cast<double>(t.routed_expert_bytes), routed);
@@ -58,7 +58,12 @@ TEST(DecodeTraffic, TinyProfileMatchesTheShape) {
   EXPECT_EQ(t.delta_net_state_bytes, (layers - attention_layers) * 2 * state * 4);
   // lm_head alone is in the dense part: vocab x hidden at 4 bits.
   EXPECT_GT(static_cast<double>(t.dense_weight_bytes), static_cast<double>(s.vocab_size * s.hidden_size) * q4);
-  EXPECT_EQ(decode_traffic(ck, 101).total() - t.total(), kv_per_token);
+  EXPECT_EQ(decode_traffic(ck, 101, KvDtype::f32).total() - t.total(), kv_per_token);
+  // A bf16 KV cache moves half the KV bytes and nothing else changes.
+  const DecodeTraffic b = decode_traffic(ck, 100, KvDtype::bf16);
+  EXPECT_EQ(b.kv_read_bytes, 100 * kv_per_token / 2);
+  EXPECT_EQ(b.kv_write_bytes, kv_per_token / 2);
+  EXPECT_EQ(t.total() - b.total(), 101 * kv_per_token / 2);
 }
 
 TEST(DecodeTraffic, PrefillFlopsIsTheSumOfTokenFlops) {
@@ -149,6 +154,7 @@ TEST(BenchReport, CarriesEveryFieldAndTheSummaryLine) {
                 r["meta"]["commit"] == "unknown",
             true);
   EXPECT_EQ(r["workload"]["prompt_kind"], kPromptKind);
+  EXPECT_EQ(r["workload"]["kv_cache"], "f32");
   EXPECT_EQ(r["results"]["decode"]["token_ids"].size(), 4u);
   EXPECT_EQ(r["results"]["decode"]["step_wall_secs"].size(), 4u);
   EXPECT_EQ(r["results"]["decode"]["token_digest"], digest_hex(m.digest));
@@ -159,6 +165,7 @@ TEST(BenchReport, CarriesEveryFieldAndTheSummaryLine) {
   const std::string line = bench_summary_line(r);
   EXPECT_NE(line.find("digest=" + digest_hex(m.digest)), std::string::npos) << line;
   EXPECT_NE(line.find("prefill: 24 tok"), std::string::npos) << line;
+  EXPECT_NE(line.find("| KV cache f32"), std::string::npos) << line;
 }
 
 }  // namespace

@@ -55,6 +55,14 @@ std::vector<std::vector<float>> contents(const DecodeState& state) {
     tiny().backend->copy_to_host(state.buffers[b], host.size(), host.data());
     out.push_back(std::move(host));
   }
+  for (size_t i = 0; i < state.attention.size(); ++i) {
+    if (state.kinds[i] != LayerKind::full_attention) continue;
+    for (const KvCacheView& cache : {state.attention[i].keys, state.attention[i].values}) {
+      std::vector<float> host(state.kv_elements);  // the CPU's caches are f32
+      tiny().backend->copy_kv_to_host(cache, host.size(), host.data());
+      out.push_back(std::move(host));
+    }
+  }
   return out;
 }
 

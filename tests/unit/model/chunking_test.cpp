@@ -5,6 +5,8 @@
 
 #include <cmath>
 #include <numeric>
+#include <stdexcept>
+#include <string>
 
 #include "backend/backend.h"
 #include "engine/generator.h"
@@ -41,6 +43,14 @@ ModelRun run_model(const std::vector<int32_t>& ids, int64_t chunk, const std::ve
     std::vector<float> host(state.sizes[b]);
     backend->copy_to_host(state.buffers[b], host.size(), host.data());
     result.state.push_back(std::move(host));
+  }
+  for (size_t i = 0; i < state.attention.size(); ++i) {
+    if (state.kinds[i] != LayerKind::full_attention) continue;
+    for (const KvCacheView& cache : {state.attention[i].keys, state.attention[i].values}) {
+      std::vector<float> host(state.kv_elements);  // the CPU's caches are f32
+      backend->copy_kv_to_host(cache, host.size(), host.data());
+      result.state.push_back(std::move(host));
+    }
   }
   return result;
 }
@@ -128,14 +138,49 @@ namespace {
 TEST(DecodeStateBytes, CountsEveryBufferTheConstructorAllocates) {
   const Checkpoint& checkpoint = testing::tiny_checkpoint(1);
   std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  const ModelShape& shape = checkpoint.config.shape;
   for (int64_t capacity : {1, 37, 4096}) {
-    DecodeState state(*backend, checkpoint.config.shape, capacity);
+    DecodeState state(*backend, shape, capacity);
+    EXPECT_EQ(state.kv_dtype, KvDtype::f32);
+    EXPECT_EQ(state.kv_elements,
+              static_cast<size_t>(capacity) * shape.num_key_value_heads * shape.head_dim);
     uint64_t floats = 0;
     for (size_t size : state.sizes) floats += size;
-    EXPECT_EQ(DecodeState::bytes(checkpoint.config.shape, capacity),
-              floats * sizeof(float) + sizeof(int32_t))
+    uint64_t kv_buffers = 0;
+    for (LayerKind kind : state.kinds) kv_buffers += kind == LayerKind::full_attention ? 2 : 0;
+    const uint64_t kv_elements = kv_buffers * state.kv_elements;
+    EXPECT_EQ(DecodeState::bytes(shape, capacity, KvDtype::f32),
+              floats * sizeof(float) + kv_elements * 4 + sizeof(int32_t))
         << "capacity " << capacity;
+    // A bf16 cache (CUDA) holds the same elements in 2 bytes each; the rest is unchanged.
+    EXPECT_EQ(DecodeState::bytes(shape, capacity, KvDtype::bf16),
+              floats * sizeof(float) + kv_elements * 2 + sizeof(int32_t))
+        << "capacity " << capacity;
+    EXPECT_EQ(DecodeState::kv_bytes_per_token(shape, KvDtype::bf16) * 2,
+              DecodeState::kv_bytes_per_token(shape, KvDtype::f32));
+    EXPECT_EQ(DecodeState::kv_bytes_per_token(shape, KvDtype::f32) * static_cast<uint64_t>(capacity),
+              kv_elements * 4);
   }
+  // Production shape: 10 attention layers x K and V x 2 heads x 256 dims = 40 KiB per token
+  // in f32, 20 KiB in bf16 (docs/cuda.md).
+  EXPECT_EQ(DecodeState::kv_bytes_per_token(ModelShape::production(), KvDtype::f32), 40960u);
+  EXPECT_EQ(DecodeState::kv_bytes_per_token(ModelShape::production(), KvDtype::bf16), 20480u);
+}
+
+// The CPU backend keeps f32 caches: a bf16 state is refused, naming the backend and the dtype.
+TEST(DecodeStateBytes, TheCpuBackendRefusesABf16Cache) {
+  const Checkpoint& checkpoint = testing::tiny_checkpoint(1);
+  std::unique_ptr<Backend> backend = make_cpu_backend(1);
+  EXPECT_FALSE(backend->serves_kv_cache(KvDtype::bf16));
+  try {
+    DecodeState state(*backend, checkpoint.config.shape, 16, KvDtype::bf16);
+    ADD_FAILURE() << "a bf16 KV cache on the CPU was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("the cpu backend does not serve a bf16 KV cache"),
+              std::string::npos)
+        << e.what();
+  }
+  EXPECT_THROW(backend->alloc_kv_cache(16, KvDtype::bf16), std::invalid_argument);
 }
 
 }  // namespace
