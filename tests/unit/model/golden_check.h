@@ -84,9 +84,10 @@ struct GoldenTolerances {
 // Greedy tokens must agree wherever the golden's top-2 margin exceeds `margin_tolerance`
 // (after the first allowed flip the contexts differ, so the comparison stops there); each
 // golden top-16 logit clearly inside our top 16 must be within `logit_tolerance` relative
-// (of max(1, |logit|)). Tolerances per backend: docs/precision.md.
+// (of max(1, |logit|)). Tolerances per backend: docs/precision.md. `kv_cache`: the state's KV
+// cache dtype (f32, the exact reference path, unless a test asks for bf16 on CUDA).
 inline void check_golden(const std::filesystem::path& file, Backend& backend, int64_t chunk,
-                         const GoldenTolerances& tolerances) {
+                         const GoldenTolerances& tolerances, KvDtype kv_cache = KvDtype::f32) {
   std::ifstream in(file);
   const nlohmann::json golden = nlohmann::json::parse(in);
   ASSERT_EQ(golden["versions"]["transformers"], "5.17.0");
@@ -108,7 +109,7 @@ inline void check_golden(const std::filesystem::path& file, Backend& backend, in
   }
   Qwen36Model model(checkpoint, backend, chunk);
   DecodeState state(backend, checkpoint.config.shape,
-                    static_cast<int64_t>(prompt.size() + expected.size() + 1));
+                    static_cast<int64_t>(prompt.size() + expected.size() + 1), kv_cache);
   GenerationOptions options;
   options.max_tokens = static_cast<int64_t>(expected.size());
   options.top_logits = 16;  // no stop tokens: the golden decodes a fixed number of steps
@@ -142,8 +143,9 @@ inline void check_golden(const std::filesystem::path& file, Backend& backend, in
     }
   }
   EXPECT_GE(compared, 1u);
-  std::printf("%s on %s: %zu of %zu steps compared, worst relative logit error %.3g\n",
-              file.filename().c_str(), backend.name().c_str(), compared, expected.size(), worst);
+  std::printf("%s on %s (KV cache %s): %zu of %zu steps compared, worst relative logit error %.3g\n",
+              file.filename().c_str(), backend.name().c_str(), kv_dtype_name(kv_cache), compared,
+              expected.size(), worst);
 }
 
 }  // namespace lily::testing
