@@ -17,8 +17,8 @@ struct BackendChoice {
   KvDtype kv_cache = KvDtype::f32;  // the element type of every DecodeState's KV caches
 };
 
-// --kv-cache f32|bf16: the KV cache's element type (docs/precision.md). Absent: bf16 on CUDA,
-// f32 on the CPU. Refused before anything is loaded (InputError): any other value, and bf16
+// --kv-cache f32|bf16: the KV cache's element type (docs/precision.md). Absent: f32 on
+// every backend; bf16 is CUDA only. Refused before anything is loaded (InputError): any other value, and bf16
 // with --device cpu (the CPU backend keeps f32 caches). Call it next to check_device_option.
 void check_kv_cache_option(const Args& args);
 

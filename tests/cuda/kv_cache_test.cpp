@@ -398,8 +398,12 @@ TEST(CudaAttention, Bf16CacheStateTakesHalfTheKvBytesAndResets) {
 // The figures of docs/precision.md's bf16 table, on the full synthetic checkpoint
 // (LILY_FULL_CHECKPOINT=dir, as FullCheckpoint in model_cuda_test.cpp): at contexts 256 and
 // 4,096, the first-step logits with the bf16 cache against the f32 cache, and how many of 64
-// greedy tokens agree. Printed for the table; asserted only loosely (normalised logits within
-// 1e-2, the first token equal), the bounds to be tightened from the measured figures.
+// greedy tokens agree. Printed for the table. Measured on the H200 (2026-12-02): normalised
+// 0.149 at 256 and 0.091 at 4,096 (max |diff| 1.66 and 0.84), greedy tokens equal 0 and 9 of
+// 64: this random-weight model amplifies any perturbation (the f32 CUDA path's reordering,
+// ~1e-7 per op, already moves its logits by 4e-5 against the CPU), so 2^-9 per cached value
+// moves them by ~0.1. Asserted: bf16 did change the logits (above 1e-4) and by no more than
+// 3x the measured figure (below 0.5).
 TEST(CudaAttention, Bf16CacheFullCheckpointAgainstTheF32Cache) {
   const char* dir = std::getenv("LILY_FULL_CHECKPOINT");
   if (dir == nullptr || !std::filesystem::exists(std::string(dir) + "/config.json")) {
@@ -437,7 +441,8 @@ TEST(CudaAttention, Bf16CacheFullCheckpointAgainstTheF32Cache) {
                 "normalised %.3g; greedy tokens equal %zu of 64 (first %zu in a row)\n",
                 static_cast<long long>(context), max_abs, f.normalised, equal, leading);
     EXPECT_EQ(tokens[0].size(), 64u);
-    EXPECT_LT(f.normalised, 1e-2) << "context " << context;
+    EXPECT_GT(f.normalised, 1e-4) << "context " << context << ": the bf16 cache changed nothing";
+    EXPECT_LT(f.normalised, 0.5) << "context " << context;
     // The first greedy token may differ only where the f32 cache's top-2 margin is within the
     // logits' own movement.
     std::vector<float> sorted = logits[0];

@@ -35,7 +35,7 @@ constexpr int64_t kCudaChunk = 4096;  // production prefill chunk (cli/backend_c
 
 class CudaGoldenTest : public ::testing::TestWithParam<std::filesystem::path> {};
 
-// With the f32 KV cache (the exact reference path; lily's CUDA default is bf16).
+// With the f32 KV cache (the exact reference path and lily's default).
 TEST_P(CudaGoldenTest, GreedyTokensAndTopLogitsMatchTransformers) {
   LILY_CUDA_BACKEND_OR_SKIP(be);
   check_golden(GetParam(), *be, kCudaChunk,
@@ -46,16 +46,15 @@ TEST_P(CudaGoldenTest, GreedyTokensAndTopLogitsMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Tiny, CudaGoldenTest, ::testing::ValuesIn(golden_files()),
                          [](const auto& param_info) { return golden_test_name(param_info.param); });
 
-// With the bf16 KV cache (--kv-cache bf16, the CUDA default). Each cached key and value is
-// rounded to 8 significant bits (relative error <= 2^-9): scores move by about
-// |q||k| 2^-9 / sqrt(D) / sqrt(3) and outputs by about 1e-3 relative per attention layer
-// (docs/precision.md, *The bf16 KV cache*), some 100x the f32 path's difference, so logits
-// are held to 3e-2, a greedy flip is allowed below a top-2 margin of 3e-2, and a router gap
-// below 1e-2 counts as a possible expert flip (logits then within 1e-1). Provisional bounds
-// from that estimate, to be set from the H200's figures (the test prints its worst error).
-constexpr double kBf16KvLogitTolerance = 3e-2;
-constexpr double kBf16KvMarginTolerance = 3e-2;
-constexpr double kBf16KvRouterTie = 1e-2;
+// With the bf16 KV cache (--kv-cache bf16, CUDA only). Each cached key and value is
+// rounded to 8 significant bits (relative error <= 2^-9), so logits move by about 1e-3
+// relative per attention layer (docs/precision.md, *The bf16 KV cache*). Measured on the H200
+// (2026-12-02): worst relative logit error 2.03e-3 over the nine tiny goldens (5.4e-5 to
+// 2.03e-3; f32: 1.1e-5 to 2.5e-5), no greedy flip, no expert flip at router gaps down to
+// 1.15e-4. Bounds: 2.5x the worst figure, and the f32 path's router-tie rule.
+constexpr double kBf16KvLogitTolerance = 5e-3;
+constexpr double kBf16KvMarginTolerance = 5e-3;
+constexpr double kBf16KvRouterTie = 1e-4;
 
 class CudaGoldenBf16KvTest : public ::testing::TestWithParam<std::filesystem::path> {};
 

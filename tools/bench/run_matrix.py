@@ -156,6 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="backend passed to lily bench (default: lily's default, auto)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads passed to lily bench (default: lily's default, all cores)")
+    p.add_argument("--kv-cache", choices=("f32", "bf16"), default=None,
+                   help="KV cache dtype passed to lily bench (default: lily's default for the device)")
     p.add_argument("--copy-probe-mib", type=int, default=None,
                    help="copy-bandwidth probe size passed to lily bench (default: lily's, 512)")
     p.add_argument("--drift-limit", type=float, default=0.03,
@@ -431,6 +433,8 @@ class Matrix:
             cmd += ["--device", args.device]
         if args.threads is not None:
             cmd += ["--threads", str(args.threads)]
+        if args.kv_cache is not None:
+            cmd += ["--kv-cache", args.kv_cache]
         if args.copy_probe_mib is not None:
             cmd += ["--copy-probe-mib", str(args.copy_probe_mib)]
         # The child sees no LILY_* variables: nothing but the command line steers the arm.

@@ -34,9 +34,13 @@
 #                                    ncu-decode.csv, and `lily bench` arms at
 #                                    LILY_PROFILE_CONTEXTS (default 256) for each of
 #                                    LILY_PROFILE_ARMS (default: default,nopdl,fusednorm;
-#                                    also nostream, noconv, moelayer: LILY_CUDA_MOE_LAYER=1); LILY_NCU=0 skips Nsight Compute;
+#                                    also nostream, noconv, moelayer: LILY_CUDA_MOE_LAYER=1,
+#                                    kvf32 / kvbf16: --kv-cache f32 / bf16); LILY_NCU=0 skips Nsight Compute;
 #                                    LILY_NCU_DETAIL=<regex>: full sections of one kernel
+#                        lab         the kernel lab (tools/lab/, -DLILY_BUILD_LAB=ON): moe_layer_lab's
+#                                    op path vs persistent MoE block per layer, and its timeline
 #   LILY_CONTEXTS      CUDA matrix contexts (default 256,1024,4096,16384,65536,131072)
+#   LILY_KV_CACHE      --kv-cache of the CUDA matrix (default: lily's, f32)
 #   LILY_CPU_CONTEXTS  CPU matrix contexts (default 256,512,1024); LILY_THREADS (default 16)
 #   LILY_GTEST_FILTER  gtest filter for cuda_tests (default all)
 #   LILY_CUDA_ARCHS    CMAKE_CUDA_ARCHITECTURES of the build (default 90a, the H200's own);
@@ -85,12 +89,14 @@ if has_stage server || has_stage faults; then
 fi
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_BUILD_TESTS=OFF \
   -DLILY_BUILD_CUDA_TESTS=ON -DLILY_WITH_SERVER=$with_server -DLILY_WITH_CUDA=ON \
+  -DLILY_BUILD_LAB=$(has_stage lab && echo ON || echo OFF) \
   -DCMAKE_CUDA_ARCHITECTURES="${LILY_CUDA_ARCHS:-90a}" -DCMAKE_PREFIX_PATH="$deps" \
   -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json" \
   -DGTest_DIR="$deps/lib/x86_64-linux-gnu/cmake/GTest" >"$out/cmake.log" 2>&1
 # Only what the stages need: the CUDA tests take about half of a fresh machine's build.
 targets=(lily)
 { has_stage tests || has_stage ptx; } && targets+=(cuda_tests)
+has_stage lab && targets+=(moe_layer_lab)
 cmake --build build-gpu --target "${targets[@]}" >>"$out/cmake.log" 2>&1 || { tail -60 "$out/cmake.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 lily=$PWD/build-gpu/lily
@@ -106,6 +112,10 @@ ensure_full() {
 }
 tiny=$PWD/build-gpu/tiny-seed1
 [ -f "$tiny/config.json" ] || "$lily" make-checkpoint --profile tiny --seed 1 --out "$tiny" >/dev/null
+
+if has_stage lab; then
+  timeout 120 ./build-gpu/moe_layer_lab 2>&1 | tee "$out/moe_layer_lab.txt" || echo "lab: rc $?"
+fi
 
 if has_stage profile; then
   ensure_full
@@ -130,8 +140,11 @@ if has_stage profile; then
   # add+RMSNorm folded into the projections, experimental).
   for ctx in ${LILY_PROFILE_CONTEXTS//,/ }; do
     for arm in ${LILY_PROFILE_ARMS//,/ }; do
+      flags=()
       case $arm in
         default) env=() ;;
+        kvf32) env=(); flags=(--kv-cache f32) ;;
+        kvbf16) env=(); flags=(--kv-cache bf16) ;;
         nopdl) env=(LILY_CUDA_PDL=0) ;;
         fusednorm) env=(LILY_CUDA_FUSED_NORM=1) ;;
         nostream) env=(LILY_CUDA_STREAM_GEMV=0) ;;
@@ -141,7 +154,7 @@ if has_stage profile; then
       esac
       echo -n "ctx $ctx $arm: "
       env "${env[@]}" timeout 150 "$lily" bench --model "$ckpt" --prompt-len "$ctx" --device cuda \
-        --json-out "$out/bench-$ctx-$arm.json" 2>&1 | tail -1
+        "${flags[@]}" --json-out "$out/bench-$ctx-$arm.json" 2>&1 | tail -1
     done
   done
 fi
@@ -265,6 +278,7 @@ if has_stage bench-cuda; then
   ensure_full
   python3 tools/bench/run_matrix.py --lily "$lily" --model "$ckpt" --out "$out/matrix-cuda" \
     --device cuda --contexts "${LILY_CONTEXTS:-256,1024,4096,16384,65536,131072}" \
+    ${LILY_KV_CACHE:+--kv-cache "$LILY_KV_CACHE"} \
     --arm-timeout 240 "${matrix_flags[@]}" 2>&1 | tee "$out/matrix-cuda.log" || true
   # The device tool brings back a handful of files: one archive per matrix.
   tar -czf "$out/matrix-cuda.tgz" -C "$out" matrix-cuda && rm -rf "$out/matrix-cuda"

@@ -37,39 +37,45 @@ __device__ __forceinline__ void route_row(const float* l, int E, int k, int lane
   }
   total = warp_sum(total);
 
+  // Top-k by warp reductions on integer keys: a probability p >= 0 has order-preserving
+  // bits, so key = bits(p) + 1 ranks the candidates and 0 marks what cannot be picked (taken,
+  // padding, NaN). Each rank takes two redux.sync (the largest key, then the lowest id holding
+  // it) instead of a 5-step shuffle butterfly of (value, id) pairs: the k rounds are one
+  // dependent chain, so its length is what counts. The winner and its order are exactly
+  // those of "larger p first, equal p: lower id first".
+  uint32_t key[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    key[m] = (lane + 32 * m < E && p[m] >= 0.0f) ? __float_as_uint(p[m]) + 1u : 0u;
+  }
   float top_total = 0.0f;
   int32_t my_id = 0;
   float my_p = 0.0f;
   for (int j = 0; j < k; ++j) {
-    float best = -INFINITY;
-    int best_id = INT_MAX;
+    uint32_t best = 0;
+    int best_m = 0;
 #pragma unroll
     for (int m = 0; m < M; ++m) {  // ascending ids within the lane: strict > keeps the lower
-      if (p[m] > best) {
-        best = p[m];
-        best_id = lane + 32 * m;
+      if (key[m] > best) {
+        best = key[m];
+        best_m = m;
       }
     }
-#pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      const float other = __shfl_xor_sync(0xffffffffu, best, offset);
-      const int other_id = __shfl_xor_sync(0xffffffffu, best_id, offset);
-      if (other > best || (other == best && other_id < best_id)) {
-        best = other;
-        best_id = other_id;
-      }
-    }
-    // Every lane now holds the same winner (a total order, reduced by a butterfly).
+    const uint32_t winner_key = __reduce_max_sync(0xffffffffu, best);
+    const uint32_t candidate =
+        best == winner_key ? static_cast<uint32_t>(lane + 32 * best_m) : 0xffffffffu;
+    const int32_t best_id = static_cast<int32_t>(__reduce_min_sync(0xffffffffu, candidate));
     if ((best_id & 31) == lane) {
 #pragma unroll
       for (int m = 0; m < M; ++m) {
-        if (lane + 32 * m == best_id) p[m] = -INFINITY;
+        if (m == best_m) key[m] = 0;
       }
     }
-    top_total += best / total;  // the CPU's order: rank 0 first
+    const float winner_p = __uint_as_float(winner_key - 1u);
+    top_total += winner_p / total;  // the CPU's order: rank 0 first
     if (lane == j) {
       my_id = best_id;
-      my_p = best;
+      my_p = winner_p;
     }
   }
   if (lane < k) {
