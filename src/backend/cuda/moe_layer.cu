@@ -31,6 +31,9 @@ namespace {
 constexpr int kThreads = 256;  // the register-resident norm's block size (norms.cu)
 constexpr int kWarps = kThreads / 32;
 constexpr int kSwigluRows = 4;  // rows per SwiGLU unit, as moe_gemv.cu (any count gives the same values)
+// The shared expert's units (phase 1) take one row each: its 512 rows then spread over 512
+// pairs of warps instead of 128, so the first barrier does not wait on a few long units.
+constexpr int kSharedSwigluRows = 1;
 constexpr int kDownRows = 1;    // rows per down unit (moe_gemv.cu takes 2; a row's values do not depend on it)
 constexpr int kDownUnroll = 8;  // items per lane per trip, as moe_gemv.cu
 
@@ -216,64 +219,129 @@ __device__ void router_phase(const MoeLayerParams& p, const float4* staged, int6
   }
 }
 
-// The routed (slot j = 0..k-1, expert ids[j]) and shared SwiGLU rows for one token, as
-// swiglu_kernel<EB, EB, true>: a unit is kSwigluRows gate rows and the same up rows.
-template <int EB>
-__device__ void swiglu_phase(const MoeLayerParams& p, const float4* staged, const int32_t* ids,
-                             int64_t warp, int64_t warps) {
-  constexpr int R = kSwigluRows;
-  const int64_t H = p.hidden;
+// One SwiGLU unit of a set (routed: slot j = 0..k-1 with expert ids[j]; shared: expert 0):
+// kSwigluRows gate rows and the same up rows, as swiglu_kernel<EB, EB, true> computes them.
+struct SwigluSetRef {
+  const QuantMatrix* gate;
+  const QuantMatrix* up;
+  int64_t rows;   // I (routed) or S (shared)
+  float* h;       // [slots, rows] f32 out
+};
+
+// Lane li's partial dots of unit (slot, i0) over the chunks first, first + stride, ... : with
+// first = li and stride = lanes, the whole row as the op path's lane sums it.
+template <int EB, int R>
+__device__ __forceinline__ void swiglu_unit_dot(const SwigluSetRef& set, int64_t e, int64_t i0,
+                                                const float4* staged, int64_t H, int first,
+                                                int stride, float (&acc)[2 * R][1]) {
   const int chunks = static_cast<int>(H / Chunk<EB>::kValues);
-  const int lanes = gemv_detail::lanes_for_chunks(chunks);
+  const int64_t words = H * EB / 32;
+  const int64_t groups = H / kGroupSize;
+  const uint32_t* codes[2 * R];
+  const __nv_bfloat16* scales[2 * R];
+  const __nv_bfloat16* biases[2 * R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const int64_t row = e * set.rows + (i0 + i < set.rows ? i0 + i : set.rows - 1);
+    codes[i] = set.gate->codes + row * words;
+    scales[i] = set.gate->scales + row * groups;
+    biases[i] = set.gate->biases + row * groups;
+    codes[R + i] = set.up->codes + row * words;
+    scales[R + i] = set.up->scales + row * groups;
+    biases[R + i] = set.up->biases + row * groups;
+  }
+#pragma unroll
+  for (int i = 0; i < 2 * R; ++i) acc[i][0] = 0.0f;
+  const int64_t row_chunk[1] = {0};
+  gemv_detail::rows_dot<EB, 2 * R, 1, 1>(codes, scales, biases, gemv_detail::SharedActs{staged},
+                                          row_chunk, chunks, first, stride, acc);
+}
+
+// Segment sums, SiLU(gate) * up, stored by the segment's first lane.
+template <int R>
+__device__ __forceinline__ void swiglu_store(const SwigluSetRef& set, int64_t slot, int64_t i0,
+                                             bool live, int li, int lanes,
+                                             const float (&acc)[2 * R][1]) {
+  float* h = set.h + slot * set.rows;
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const float gv = gemv_detail::segment_sum(acc[i][0], lanes);
+    const float uv = gemv_detail::segment_sum(acc[R + i][0], lanes);
+    if (live && li == 0 && i0 + i < set.rows) h[i0 + i] = siluf_(gv) * uv;
+  }
+}
+
+// Units [0, units) of a set, a segment of `lanes` lanes per unit, over the virtual warps
+// (any shape; the model's rows of 2 x 32 chunks take two trips per lane this way).
+template <int EB, int R>
+__device__ void swiglu_units_by_warp(const MoeLayerParams& p, const SwigluSetRef& set,
+                                     const int32_t* ids, int64_t slots, const float4* staged,
+                                     int64_t warp, int64_t warps) {
+  const int64_t H = p.hidden;
+  const int lanes = gemv_detail::lanes_for_chunks(H / Chunk<EB>::kValues);
   const int segments = 32 / lanes;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const int li = lane & (lanes - 1);
-  const int64_t I = p.gate.out;
-  const int64_t S = p.shared_gate.out;
-  const int64_t routed_tiles = (I + R - 1) / R;
-  const int64_t shared_tiles = (S + R - 1) / R;
-  const int64_t routed_units = p.k * routed_tiles;
-  const int64_t units = routed_units + shared_tiles;
-  const int64_t words = H * EB / 32;
-  const int64_t groups = H / kGroupSize;
-  const gemv_detail::SharedActs acts{staged};
+  const int64_t tiles = (set.rows + R - 1) / R;
+  const int64_t units = slots * tiles;
   for (int64_t base = warp * segments; base < units; base += warps * segments) {
     int64_t unit = base + lane / lanes;
     const bool live = unit < units;
     if (!live) unit = units - 1;
-    const bool is_shared = unit >= routed_units;
-    const QuantMatrix& gate = is_shared ? p.shared_gate : p.gate;
-    const QuantMatrix& up = is_shared ? p.shared_up : p.up;
-    const int64_t rows = is_shared ? S : I;
-    const int64_t tiles = is_shared ? shared_tiles : routed_tiles;
-    const int64_t u = is_shared ? unit - routed_units : unit;
-    const int64_t slot = u / tiles;
-    const int64_t i0 = (u % tiles) * R;
-    const int64_t e = is_shared ? 0 : ids[slot];
-    const uint32_t* codes[2 * R];
-    const __nv_bfloat16* scales[2 * R];
-    const __nv_bfloat16* biases[2 * R];
+    const int64_t slot = unit / tiles;
+    const int64_t i0 = (unit % tiles) * R;
+    float acc[2 * R][1];
+    swiglu_unit_dot<EB, R>(set, ids == nullptr ? 0 : ids[slot], i0, staged, H, li, lanes, acc);
+    swiglu_store<R>(set, slot, i0, live, li, lanes, acc);
+  }
+}
+
+// Rows of exactly 64 chunks (2 per lane of a warp, the model's 2048-wide input): a pair of
+// warps of one block takes a unit, the first warp chunk li, the second chunk li + 32, one
+// trip to memory each instead of two in a row. The second's partial sums reach the first
+// through shared memory and are added as the op path's lane adds its second chunk:
+// (0 + c_li) + c_li+32, so the values are the same bit for bit. Pair q of the block (warps
+// 2q, 2q + 1) is virtual pair q * grid + block; pairs in [pair_begin, pair_end) of the block
+// work. `buffer`: [4][2 * kSwigluRows * 32] f32 in shared memory.
+template <int EB>
+__device__ __forceinline__ bool paired_rows(int64_t H) {
+  return H / Chunk<EB>::kValues == 64;
+}
+
+__device__ __forceinline__ void pair_sync(int q) {
+  asm volatile("bar.sync %0, 64;" : : "r"(1 + q) : "memory");
+}
+
+template <int EB, int R>
+__device__ void swiglu_units_by_pair(const MoeLayerParams& p, const SwigluSetRef& set,
+                                     const int32_t* ids, int64_t slots, const float4* staged,
+                                     int pair_begin, int pair_end, float* buffer) {
+  const int q = static_cast<int>(threadIdx.x / 64);
+  if (q < pair_begin || q >= pair_end) return;
+  const int half = static_cast<int>(threadIdx.x / 32) & 1;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const int64_t tiles = (set.rows + R - 1) / R;
+  const int64_t units = slots * tiles;
+  const int64_t pairs = static_cast<int64_t>(gridDim.x) * (pair_end - pair_begin);
+  float* mine = buffer + q * (2 * kSwigluRows * 32);
+  for (int64_t unit = static_cast<int64_t>(q - pair_begin) * gridDim.x + blockIdx.x; unit < units;
+       unit += pairs) {
+    const int64_t slot = unit / tiles;
+    const int64_t i0 = (unit % tiles) * R;
+    float acc[2 * R][1];
+    swiglu_unit_dot<EB, R>(set, ids == nullptr ? 0 : ids[slot], i0, staged, p.hidden,
+                           lane + 32 * half, 64, acc);
+    if (half == 1) {
 #pragma unroll
-    for (int i = 0; i < R; ++i) {
-      const int64_t row = e * rows + (i0 + i < rows ? i0 + i : rows - 1);
-      codes[i] = gate.codes + row * words;
-      scales[i] = gate.scales + row * groups;
-      biases[i] = gate.biases + row * groups;
-      codes[R + i] = up.codes + row * words;
-      scales[R + i] = up.scales + row * groups;
-      biases[R + i] = up.biases + row * groups;
+      for (int i = 0; i < 2 * R; ++i) mine[i * 32 + lane] = acc[i][0];
     }
-    float acc[2 * R][1] = {};
-    const int64_t row_chunk[1] = {0};
-    gemv_detail::rows_dot<EB, 2 * R, 1, 1>(codes, scales, biases, acts, row_chunk, chunks, li,
-                                            lanes, acc);
-    float* h = is_shared ? p.shared_h : p.h + slot * I;
+    pair_sync(q);
+    if (half == 0) {
 #pragma unroll
-    for (int i = 0; i < R; ++i) {
-      const float gv = gemv_detail::segment_sum(acc[i][0], lanes);
-      const float uv = gemv_detail::segment_sum(acc[R + i][0], lanes);
-      if (live && li == 0 && i0 + i < rows) h[i0 + i] = siluf_(gv) * uv;
+      for (int i = 0; i < 2 * R; ++i) acc[i][0] += mine[i * 32 + lane];
+      swiglu_store<R>(set, slot, i0, true, lane, 32, acc);
     }
+    pair_sync(q);  // the buffer is free for the pair's next unit
   }
 }
 
@@ -404,7 +472,11 @@ __global__ void __launch_bounds__(kThreads, 2) moe_layer_kernel(MoeLayerParams p
   __shared__ float logits[kMaxFusedRouteExperts];
   __shared__ int32_t ids[kMaxFusedRouteK];
   __shared__ float weights[kMaxFusedRouteK];
+  __shared__ float pair_buffer[kWarps / 2][2 * kSwigluRows * 32];
   const int64_t H = p.hidden;
+  const bool paired = paired_rows<EB>(H);
+  const SwigluSetRef routed_set{&p.gate, &p.up, p.gate.out, p.h};
+  const SwigluSetRef shared_set{&p.shared_gate, &p.shared_up, p.shared_gate.out, p.shared_h};
   // Work units go round-robin over the blocks first (warp j of block b is virtual warp
   // j * grid + b), so that a phase with fewer units than warps (the router's 257 rows) still
   // spreads over every SM instead of filling the first blocks.
@@ -448,6 +520,16 @@ __global__ void __launch_bounds__(kThreads, 2) moe_layer_kernel(MoeLayerParams p
   __syncthreads();
   stamp(p, 1);
   router_phase<RB>(p, for_router, warp, warps);
+  // The shared expert's SwiGLU needs no routing: it runs here, on the warps the router's
+  // rows leave idle (pairs 1-3 of each block, or the last virtual warps), and its h is
+  // published by the first barrier. Phase 2 then has only the routed units, one trip each.
+  if (paired) {
+    swiglu_units_by_pair<EB, kSharedSwigluRows>(p, shared_set, nullptr, 1, for_experts, 1,
+                                                kWarps / 2, &pair_buffer[0][0]);
+  } else {
+    swiglu_units_by_warp<EB, kSharedSwigluRows>(p, shared_set, nullptr, 1, for_experts,
+                                                warps - 1 - warp, warps);
+  }
   stamp(p, 2);
   grid_barrier(p.barrier);
   stamp(p, 3);
@@ -460,8 +542,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_layer_kernel(MoeLayerParams p
   }
 
   // Phase 2: every block routes for itself (warp 0), block 0 stores the routing; then the
-  // SwiGLU rows. The chosen experts' down rows go to L2 for phase 3. (Running the shared
-  // expert's units in warps 1.. while warp 0 routes measured slower: 29.3 against 27.0 us.)
+  // routed SwiGLU rows. The chosen experts' down rows go to L2 for phase 3. (Running the
+  // shared expert's units in warps 1.. while warp 0 routes measured slower: 29.3 against
+  // 27.0 us; they now run in phase 1.)
   for (int64_t e = threadIdx.x; e < p.experts; e += kThreads) logits[e] = load_shared_result(p.router_logits + e);
   __syncthreads();
   if (threadIdx.x < 32) {
@@ -481,7 +564,12 @@ __global__ void __launch_bounds__(kThreads, 2) moe_layer_kernel(MoeLayerParams p
   __syncthreads();
   stamp(p, 4);
   prefetch_down<EB>(p, ids, warp, warps);
-  swiglu_phase<EB>(p, for_experts, ids, warp, warps);
+  if (paired) {
+    swiglu_units_by_pair<EB, kSwigluRows>(p, routed_set, ids, p.k, for_experts, 0, kWarps / 2,
+                                          &pair_buffer[0][0]);
+  } else {
+    swiglu_units_by_warp<EB, kSwigluRows>(p, routed_set, ids, p.k, for_experts, warp, warps);
+  }
   stamp(p, 5);
   grid_barrier(p.barrier);
   stamp(p, 6);
