@@ -153,7 +153,8 @@ if has_stage profile; then
         *) echo "unknown arm $arm"; continue ;;
       esac
       echo -n "ctx $ctx $arm: "
-      env "${env[@]}" timeout 150 "$lily" bench --model "$ckpt" --prompt-len "$ctx" --device cuda \
+      # A long prompt is prefilled twice (the untimed warm-up, then the measured run).
+      env "${env[@]}" timeout $(( 150 + ctx / 1000 )) "$lily" bench --model "$ckpt" --prompt-len "$ctx" --device cuda \
         "${flags[@]}" --json-out "$out/bench-$ctx-$arm.json" 2>&1 | tail -1
     done
   done
