@@ -33,8 +33,8 @@
 #                                    run (prefill, eager decode step, graph replays) to
 #                                    ncu-decode.csv, and `lily bench` arms at
 #                                    LILY_PROFILE_CONTEXTS (default 256) for each of
-#                                    LILY_PROFILE_ARMS (default: default,nopdl,fusednorm;
-#                                    also nostream, noconv, moelayer: LILY_CUDA_MOE_LAYER=1); LILY_NCU=0 skips Nsight Compute;
+#                                    LILY_PROFILE_ARMS (default: default,nopdl; also
+#                                    nostream, noconv, moelayer: LILY_CUDA_MOE_LAYER=1); LILY_NCU=0 skips Nsight Compute;
 #                                    LILY_NCU_DETAIL=<regex>: full sections of one kernel
 #   LILY_CONTEXTS      CUDA matrix contexts (default 256,1024,4096,16384,65536,131072)
 #   LILY_CPU_CONTEXTS  CPU matrix contexts (default 256,512,1024); LILY_THREADS (default 16)
@@ -52,7 +52,7 @@ deps=$PWD/.deps/root/usr
 export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 stages=${LILY_STAGES:-tests,sanitizer,bench-cuda}
 LILY_PROFILE_CONTEXTS=${LILY_PROFILE_CONTEXTS:-256}
-LILY_PROFILE_ARMS=${LILY_PROFILE_ARMS:-default,nopdl,fusednorm}
+LILY_PROFILE_ARMS=${LILY_PROFILE_ARMS:-default,nopdl}
 has_stage() { [[ ",$stages," == *",$1,"* ]]; }
 {
   echo "date: $(date -u +%FT%TZ)"
@@ -126,21 +126,21 @@ if has_stage profile; then
   fi
   echo "ncu: $(( $(date +%s) - start )) s"
   # `lily bench` arms: each context of LILY_PROFILE_CONTEXTS with each arm of LILY_PROFILE_ARMS
-  # (default: the default build; nopdl: without programmatic dependent launch; fusednorm: the
-  # add+RMSNorm folded into the projections, experimental).
+  # (default: the default build; nopdl: without programmatic dependent launch; nostream:
+  # without the bulk-copy lm_head GEMV; noconv: without the conv inside the delta rule;
+  # moelayer: the decode plan's persistent MoE kernel, experimental).
   for ctx in ${LILY_PROFILE_CONTEXTS//,/ }; do
     for arm in ${LILY_PROFILE_ARMS//,/ }; do
       case $arm in
-        default) env=() ;;
-        nopdl) env=(LILY_CUDA_PDL=0) ;;
-        fusednorm) env=(LILY_CUDA_FUSED_NORM=1) ;;
-        nostream) env=(LILY_CUDA_STREAM_GEMV=0) ;;
-        noconv) env=(LILY_CUDA_FUSED_CONV=0) ;;
-        moelayer) env=(LILY_CUDA_MOE_LAYER=1) ;;
+        default) flags=(); env=() ;;
+        nopdl) flags=(--cuda-disable pdl); env=() ;;
+        nostream) flags=(--cuda-disable stream-gemv); env=() ;;
+        noconv) flags=(--cuda-disable fused-conv); env=() ;;
+        moelayer) flags=(); env=(LILY_CUDA_MOE_LAYER=1) ;;
         *) echo "unknown arm $arm"; continue ;;
       esac
       echo -n "ctx $ctx $arm: "
-      env "${env[@]}" timeout 150 "$lily" bench --model "$ckpt" --prompt-len "$ctx" --device cuda \
+      env "${env[@]}" timeout 150 "$lily" bench --model "$ckpt" --prompt-len "$ctx" --device cuda "${flags[@]}" \
         --json-out "$out/bench-$ctx-$arm.json" 2>&1 | tail -1
     done
   done
