@@ -112,7 +112,11 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
   choice.backend = make_cpu_backend(static_cast<int>(threads));
   choice.chunk = kCpuChunk;
   choice.kv_cache = KvDtype::f32;
-  std::fprintf(stderr, "lily: --device auto: using the CPU (%s); KV cache f32\n", why.c_str());
+  // A --cuda-disable list has nothing to switch off on the CPU: said, not silently dropped.
+  const std::string unused_options =
+      cuda_options.all_on() ? "" : "; " + args.source("cuda-disable") + " does not apply";
+  std::fprintf(stderr, "lily: --device auto: using the CPU (%s); KV cache f32%s\n", why.c_str(),
+               unused_options.c_str());
   return choice;
 }
 

@@ -158,8 +158,11 @@ class CudaBackend final : public Backend {
   void lose_device(FaultSite site) override;
   bool capturing() const;
   void* device_alloc(size_t bytes);
+  // options_.fused_conv: gated_delta_net_mixer with n == 1 runs the conv inside the delta
+  // rule's launch and shifts the window in the output projection's (cuda::gated_delta_step,
+  // cuda::WindowShift): one launch fewer per Gated DeltaNet layer.
   CudaOptions options_;
-  CudaPathCounts counts_;
+  CudaPathCounts counts_;  // counted at dispatch (cuda_options.h): eager and recorded calls
   cudaStream_t stream_ = nullptr;
   // What the kernels launch on: stream_, PDL on where options_.pdl and the code allow it.
   cuda::Stream launch_;
@@ -179,9 +182,6 @@ class CudaBackend final : public Backend {
   std::vector<cudaGraphExec_t> graphs_;
   cudaGraph_t capture_ = nullptr;
   int32_t* pinned_reads_ = nullptr;  // [2] pinned host i32, the read_async slots
-  // options_.fused_conv: gated_delta_net_mixer with n == 1 runs the conv inside the delta
-  // rule's launch and shifts the window in the output projection's (cuda::gated_delta_step,
-  // cuda::WindowShift): one launch fewer per Gated DeltaNet layer.
   cudaEvent_t read_events_[2] = {nullptr, nullptr};
   // The sampler ops' zero-initialised device state (cuda::sampler_state_bytes, in
   // allocations_), allocated by the first sample or token_logprobs call (not during capture).

@@ -134,6 +134,13 @@ void expect_contract_rejections(Backend& be) {
        [&] { be.attention(b, b + 8192, b + 9216, b + 10240, b + 11264, 0, attn, 0, 1, b + 12288); }},
       {"attention: v_cache is null, expected a buffer of capacity x kv_heads x head_dim values",
        [&] { be.attention(b, b + 8192, b + 9216, b + 10240, nullptr, 4, attn, 0, 1, b + 12288); }},
+      // Keys and values of two KV cache dtypes (the bf16 view is never read: refused first).
+      {"attention: v_cache dtype is bf16, expected the keys' dtype f32",
+       [&] {
+         be.attention(b, b + 8192, b + 9216, b + 10240,
+                      KvCacheView::bf16(reinterpret_cast<uint16_t*>(b + 11264)), 4, attn, 0, 1,
+                      b + 12288);
+       }},
       // conv1d_silu, gated_delta_rule
       {"conv1d_silu: weight (conv1d) shape is [192, 3, 1], expected [192, 4, 1] or [192, 1, 4] "
        "(channels, conv_kernel)",
