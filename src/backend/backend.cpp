@@ -60,24 +60,14 @@ void Backend::copy_kv_from_host(const void* host_src, size_t count, const KvCach
 }
 
 void Backend::matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t n) {
-  for (const MatmulTarget& t : targets) {
-    if (t.w == nullptr) throw std::invalid_argument(name() + " matmul_group: null weight");
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const MatmulTarget& t = targets[i];
+    if (t.w == nullptr) {
+      throw std::invalid_argument("matmul_group: targets[" + std::to_string(i) +
+                                  "].w is null, expected a weight");
+    }
     matmul(*t.w, t.row_begin, t.rows, x, n, t.y);
   }
-}
-
-void Backend::add_rms_norm_matmul_group(float* residual, const float* delta,
-                                        const DenseView& gain, int64_t n, int64_t dim, float eps,
-                                        float* normed, std::span<const MatmulTarget> targets) {
-  add_rms_norm(residual, delta, gain, n, dim, eps, normed);
-  matmul_group(targets, normed, n);
-}
-
-void Backend::gated_rms_norm_matmul(const float* x, const float* z, const DenseView& gain,
-                                    int64_t rows, int64_t dim, float eps, float* scratch,
-                                    const QuantView& w, int64_t n, float* y) {
-  gated_rms_norm(x, z, gain, rows, dim, eps, scratch);
-  matmul(w, 0, static_cast<int64_t>(w.rows()), scratch, n, y);
 }
 
 void Backend::gated_delta_net_mixer(const GatedDeltaNetWeights& w, const GatedDeltaNetDims& dims,
@@ -86,8 +76,8 @@ void Backend::gated_delta_net_mixer(const GatedDeltaNetWeights& w, const GatedDe
                                     float* conv_out, float* core_out, float* normed, float* y) {
   conv1d_silu(mixed, window, w.conv1d, dims, n, conv_out);
   gated_delta_rule(conv_out, a, b, w.a_log, w.dt_bias, state, dims, n, core_out);
-  gated_rms_norm_matmul(core_out, z, w.norm, n * dims.value_heads, dims.value_dim, eps, normed,
-                        w.out_proj, n, y);
+  gated_rms_norm(core_out, z, w.norm, n * dims.value_heads, dims.value_dim, eps, normed);
+  matmul(w.out_proj, 0, static_cast<int64_t>(w.out_proj.rows()), normed, n, y);
 }
 
 void Backend::expert_swiglu_with_shared(const QuantView& gate, const QuantView& up,

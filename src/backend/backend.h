@@ -17,6 +17,8 @@
 
 namespace lily {
 
+struct CudaOptions;  // backend/cuda/cuda_options.h
+
 // Sizes the attention and Gated DeltaNet ops need, from the model shape.
 struct AttentionDims {
   int64_t q_heads = 0;     // 16 (tiny 8)
@@ -189,13 +191,6 @@ class Backend {
   // decode GEMVs (docs/cuda.md, *What one step launches*); the default runs the targets one
   // after another.
   virtual void matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t n);
-  // add_rms_norm(residual, delta, gain, n, dim, eps, normed), then matmul_group(targets,
-  // normed, n): a residual add + norm and the projection group that reads its output. A
-  // device backend may fold the norm into the projections' launch; the default runs the two.
-  virtual void add_rms_norm_matmul_group(float* residual, const float* delta,
-                                         const DenseView& gain, int64_t n, int64_t dim,
-                                         float eps, float* normed,
-                                         std::span<const MatmulTarget> targets);
   // out = x / sqrt(mean(x^2) + eps) * gain             x, out [n, dim]; gain BF16 [dim], baked
   virtual void rms_norm(const float* x, const DenseView& gain, int64_t n, int64_t dim, float eps,
                         float* out) = 0;
@@ -234,19 +229,13 @@ class Backend {
                                 const DenseView& a_log, const DenseView& dt_bias, float* state,
                                 const GatedDeltaNetDims& dims, int64_t n, float* out) = 0;
 
-  // y [n, w.rows()] = W gated_rms_norm(x, z, gain, rows, dim, eps): the Gated DeltaNet's
-  // output norm and its output projection (x, z [n, rows / n * dim], rows = n * heads).
-  // `scratch` [rows, dim] holds the normed values in the default (the two ops); a backend
-  // that fuses them may leave it unwritten.
-  virtual void gated_rms_norm_matmul(const float* x, const float* z, const DenseView& gain,
-                                     int64_t rows, int64_t dim, float eps, float* scratch,
-                                     const QuantView& w, int64_t n, float* y);
   // The Gated DeltaNet mixer after its input projections, for n tokens: conv1d_silu(mixed,
   // window) -> conv_out, gated_delta_rule(conv_out, a, b, state) -> core_out, then
-  // gated_rms_norm_matmul(core_out, z, w.norm) by w.out_proj -> y. Buffers as for those ops:
+  // gated_rms_norm(core_out, z, w.norm) -> normed, then w.out_proj times normed -> y (the
+  // norm per value head: rows = n * value_heads of value_dim). Buffers as for those ops:
   // mixed [n, C], z [n, Hv * Dv], a, b [n, Hv], window and state updated, y [n, H]; conv_out,
   // core_out and normed are scratch that a backend fusing the ops may leave unwritten (the
-  // CUDA backend does for n == 1). The default runs the three ops.
+  // CUDA backend leaves conv_out unwritten for n == 1). The default runs the four ops.
   virtual void gated_delta_net_mixer(const GatedDeltaNetWeights& w, const GatedDeltaNetDims& dims,
                                      float eps, const float* mixed, const float* z,
                                      const float* a, const float* b, float* window, float* state,
@@ -332,10 +321,11 @@ class Backend {
 // The CPU backend (src/backend/cpu). threads = 0: all cores.
 std::unique_ptr<Backend> make_cpu_backend(int threads);
 
-// The CUDA backend (src/backend/cuda) on device 0. Throws std::runtime_error naming the
-// reason when CUDA is unusable: built without CUDA, no device or driver, compute capability
-// below 8.0, or less free device memory than `required_bytes` (weights + state + scratch).
-std::unique_ptr<Backend> make_cuda_backend(uint64_t required_bytes);
+// The CUDA backend (src/backend/cuda) on device 0, with the code paths `options` allows
+// (backend/cuda/cuda_options.h). Throws std::runtime_error naming the reason when CUDA is
+// unusable: built without CUDA, no device or driver, compute capability below 8.0, or less
+// free device memory than `required_bytes` (weights + state + scratch).
+std::unique_ptr<Backend> make_cuda_backend(uint64_t required_bytes, const CudaOptions& options);
 
 // Whether make_cuda_backend could succeed (ignoring memory); `why` gets the reason if not.
 bool cuda_available(std::string* why);

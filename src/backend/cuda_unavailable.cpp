@@ -2,6 +2,7 @@
 #include <stdexcept>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_options.h"
 
 namespace lily {
 
@@ -16,8 +17,14 @@ bool cuda_available(std::string* why) {
   return false;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(uint64_t /*required_bytes*/) {
+std::unique_ptr<Backend> make_cuda_backend(uint64_t /*required_bytes*/,
+                                           const CudaOptions& /*options*/) {
   throw std::runtime_error(kWhy);
+}
+
+const CudaPathCounts& cuda_path_counts(const Backend& backend) {
+  throw std::invalid_argument("cuda_path_counts: the " + backend.name() +
+                              " backend is not the CUDA backend (" + kWhy + ")");
 }
 
 }  // namespace lily

@@ -21,6 +21,14 @@ Json traffic_json(const DecodeTraffic& t) {
               {"total", t.total()}};
 }
 
+// {"pdl": true, "stream_gemv": true, "fused_conv": true}, or null for the CPU.
+Json cuda_options_json(const std::optional<CudaOptions>& options) {
+  if (!options) return nullptr;
+  return Json{{"pdl", options->pdl},
+              {"stream_gemv", options->stream_gemv},
+              {"fused_conv", options->fused_conv}};
+}
+
 }  // namespace
 
 Json bench_report(const BenchContext& context, const BenchMeasurement& m,
@@ -61,7 +69,8 @@ Json bench_report(const BenchContext& context, const BenchMeasurement& m,
         {"harness", "lily bench"}}},
       {"device", {{"backend", context.backend}, {"name", context.device}, {"threads", context.threads},
                   {"decode_path", context.decode_path},
-                  {"backend_bytes", context.backend_bytes}}},
+                  {"backend_bytes", context.backend_bytes}, {"code_path", context.code_path},
+                  {"cuda_options", cuda_options_json(context.cuda_options)}}},
       {"workload",
        {{"prompt_len", prompt_len},
         {"prompt_kind", kPromptKind},

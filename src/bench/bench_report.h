@@ -2,7 +2,10 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+
+#include "backend/cuda/cuda_options.h"
 
 #include "bench/bench_runner.h"
 #include "bench/decode_traffic.h"
@@ -18,6 +21,8 @@ struct BenchContext {
   std::string device;   // Backend::device_name()
   std::string decode_path;  // Qwen36Model::decode_path(): the backend's decode plan, or the ops
   int threads = 0;
+  std::string code_path;  // Backend::code_path() ("" for the CPU)
+  std::optional<CudaOptions> cuda_options;  // the CUDA backend's (--cuda-disable); none for the CPU
   BenchOptions options;
   double copy_bytes_per_second = 0;    // measured in the same run
   double matmul_flops_per_second = 0;  // measured in the same run (0: not measured)

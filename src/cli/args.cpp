@@ -217,6 +217,26 @@ void check_device_option(const Args& args) {
   if (device != "auto" && device != "cpu" && device != "cuda") {
     throw InputError(args.source("device") + " is \"" + device + "\", expected auto, cpu or cuda");
   }
+  (void)cuda_options_from(args);
+}
+
+CudaOptions cuda_options_from(const Args& args) {
+  const std::optional<std::string> list = args.get("cuda-disable");
+  if (!list) return CudaOptions{};
+  if (args.get("device").value_or("auto") == "cpu") {
+    throw InputError(args.source("cuda-disable") + " applies to the CUDA backend, not --device cpu");
+  }
+  try {
+    return CudaOptions::disabling(*list);
+  } catch (const std::invalid_argument& e) {
+    throw InputError(args.source("cuda-disable") + " is \"" + *list + "\": " + e.what());
+  }
+}
+
+OptionSpec cuda_disable_option() {
+  return {"cuda-disable", true,
+          std::string("CUDA paths to switch off for comparison, comma-separated: ") +
+              CudaOptions::kNames + " (default: none; docs/cuda.md)"};
 }
 
 }  // namespace lily

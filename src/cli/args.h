@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/cuda_options.h"
+
 namespace lily {
 
 struct OptionSpec {
@@ -69,8 +71,17 @@ class Args {
 std::string environment_name(const std::string& prefix, const std::string& option);
 
 // --device: auto (default), cpu or cuda; anything else is refused with InputError before any
-// loading starts (cli/backend_choice.h does the choosing).
+// loading starts (cli/backend_choice.h does the choosing). Checks --cuda-disable too
+// (cuda_options_from).
 void check_device_option(const Args& args);
+
+// --cuda-disable LIST (run, serve, bench): the CUDA paths to switch off, comma separated
+// (pdl, stream-gemv, fused-conv; absent: all on). An unknown name is an InputError naming the
+// valid ones, and so is a list with --device cpu, where it could not apply.
+CudaOptions cuda_options_from(const Args& args);
+
+// The OptionSpec of --cuda-disable, for the commands that take it.
+OptionSpec cuda_disable_option();
 
 // "  --name VALUE   help" lines for usage messages, each naming its environment variable
 // when `sources` has a prefix.

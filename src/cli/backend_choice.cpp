@@ -63,6 +63,7 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
   }
   const uint64_t threads = args.uint_or("threads", 0, 0, 1024);
   const std::optional<KvDtype> kv_asked = kv_cache_option(args);
+  const CudaOptions cuda_options = cuda_options_from(args);
   BackendChoice choice;
   if (device == "cpu") {
     if (kv_asked == KvDtype::bf16) throw bf16_on_cpu(args, args.source("device") + " cpu was chosen");
@@ -82,7 +83,8 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
       throw InputError(args.source("threads") + " applies to the CPU backend, not --device cuda");
     }
     try {
-      choice.backend = make_cuda_backend(required);
+      choice.backend = make_cuda_backend(required, cuda_options);
+      choice.cuda_options = cuda_options;
     } catch (const std::runtime_error& e) {
       // No device, an old GPU or too little memory: the user's choice cannot be served here.
       throw InputError(std::string("--device cuda: ") + e.what());
@@ -97,7 +99,8 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
   std::string why;
   if (cuda_available(&why)) {
     try {
-      choice.backend = make_cuda_backend(required);
+      choice.backend = make_cuda_backend(required, cuda_options);
+      choice.cuda_options = cuda_options;
       choice.chunk = kCudaChunk;
       choice.kv_cache = cuda_kv;
       std::fprintf(stderr, "lily: --device auto: using CUDA on %s (%s); KV cache %s\n",
@@ -112,7 +115,11 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
   choice.backend = make_cpu_backend(static_cast<int>(threads));
   choice.chunk = kCpuChunk;
   choice.kv_cache = KvDtype::f32;
-  std::fprintf(stderr, "lily: --device auto: using the CPU (%s); KV cache f32\n", why.c_str());
+  // A --cuda-disable list has nothing to switch off on the CPU: said, not silently dropped.
+  const std::string unused_options =
+      cuda_options.all_on() ? "" : "; " + args.source("cuda-disable") + " does not apply";
+  std::fprintf(stderr, "lily: --device auto: using the CPU (%s); KV cache f32%s\n", why.c_str(),
+               unused_options.c_str());
   return choice;
 }
 

@@ -3,6 +3,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "backend/backend.h"
 #include "checkpoint/checkpoint.h"
@@ -15,6 +16,8 @@ struct BackendChoice {
   std::unique_ptr<Backend> backend;
   int64_t chunk = 256;  // prefill tokens per model pass: larger on a GPU (fewer, fuller launches)
   KvDtype kv_cache = KvDtype::f32;  // the element type of every DecodeState's KV caches
+  // The CUDA backend's options (--cuda-disable) when CUDA was chosen; empty for the CPU.
+  std::optional<CudaOptions> cuda_options;
 };
 
 // --kv-cache f32|bf16: the KV cache's element type (docs/precision.md). Absent: f32 on
@@ -24,7 +27,8 @@ void check_kv_cache_option(const Args& args);
 
 // --device auto (default): CUDA when a usable device (compute capability >= 8.0, enough
 // free memory) is present, else the CPU, and says which on stderr. --device cuda: CUDA or a
-// clear error. --device cpu: the CPU with --threads. `states` is how many DecodeStates of
+// clear error. --device cpu: the CPU with --threads. The CUDA backend gets the paths
+// --cuda-disable leaves on (cuda_options_from). `states` is how many DecodeStates of
 // `max_seq` tokens the command will allocate, `extra_bytes` what else it allocates in backend
 // memory (the session cache's snapshots), for the memory check, which sizes the states with
 // the KV cache dtype CUDA would use. The KV cache dtype follows --kv-cache or the backend's

@@ -27,6 +27,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
       {"device", true, "auto, cpu or cuda (default auto: CUDA when usable, else the CPU)"},
       {"threads", true, "CPU threads (default: all cores; CPU backend only)"},
       {"kv-cache", true, "KV cache element type, f32 or bf16 (default f32; bf16 halves the KV bytes, CUDA only)"},
+      cuda_disable_option(),
       {"copy-probe-mib", true,
        "copy-bandwidth probe buffer in MiB, at least 256 so it exceeds the caches (default 512)"},
   };
@@ -80,6 +81,8 @@ int cmd_bench(const std::vector<std::string>& argv) {
   context.decode_path = model.decode_path();
   context.threads = backend->threads();
   context.kv_cache = choice.kv_cache;
+  context.code_path = backend->code_path();
+  context.cuda_options = choice.cuda_options;
   context.options = options;
 
   const BenchMeasurement measurement = run_bench(model, state, options);

@@ -107,7 +107,7 @@ void Qwen36Model::layers_forward(DecodeState& state, SeqPos pos, int64_t n) {
   const auto H = static_cast<int64_t>(shape_.hidden_size);
   be.embed(weights_.embed, ids_, n, residual_);
   be.rms_norm(residual_, weights_.layers[0].input_norm, n, H, eps_, normed_);
-  // Each residual add + norm runs together with the projections that read it (`project`):
+  // Each residual add + norm runs just before the projections that read it (`project`):
   // `pending` is the norm still owed to the residual stream when the next block starts.
   const DenseView* pending = nullptr;
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
@@ -125,13 +125,11 @@ void Qwen36Model::layers_forward(DecodeState& state, SeqPos pos, int64_t n) {
 
 void Qwen36Model::project(std::span<const MatmulTarget> targets, int64_t n,
                           const DenseView* pending_norm) {
-  if (pending_norm == nullptr) {
-    backend_.matmul_group(targets, normed_, n);
-  } else {
-    backend_.add_rms_norm_matmul_group(residual_, delta_, *pending_norm, n,
-                                       static_cast<int64_t>(shape_.hidden_size), eps_, normed_,
-                                       targets);
+  if (pending_norm != nullptr) {
+    backend_.add_rms_norm(residual_, delta_, *pending_norm, n,
+                          static_cast<int64_t>(shape_.hidden_size), eps_, normed_);
   }
+  backend_.matmul_group(targets, normed_, n);
 }
 
 void Qwen36Model::head(int64_t n, const TokenChoice& choice) {

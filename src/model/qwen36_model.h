@@ -93,8 +93,8 @@ class Qwen36Model {
   // Starts the copy of the chosen token (or its record) into host slot `to_slot`.
   void read_back(const TokenChoice& choice, int to_slot);
   void sync_device_position(DecodeState& state);
-  // The projections that read normed_: matmul_group on normed_, or, when pending_norm is set,
-  // residual_ += delta_ and normed_ = rms_norm(residual_) * pending_norm first, as one op.
+  // The projections that read normed_: matmul_group on normed_, after residual_ += delta_ and
+  // normed_ = rms_norm(residual_) * pending_norm when pending_norm is set.
   void project(std::span<const MatmulTarget> targets, int64_t n, const DenseView* pending_norm);
   void delta_net_mixer(const LayerWeights& layer, DecodeState::DeltaNetState& s, int64_t n,
                        const DenseView* pending_norm);

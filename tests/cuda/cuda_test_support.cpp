@@ -1,15 +1,18 @@
 // CUDA test helpers: the backend under test (or a visible skip), device buffers, comparisons.
 #include "cuda_test_support.h"
 
-#include <cstdlib>
 #include <exception>
 
 namespace lily::testing {
 
 std::unique_ptr<Backend> cuda_backend_or_null(std::string* why) {
+  return cuda_backend_or_null(CudaOptions{}, why);
+}
+
+std::unique_ptr<Backend> cuda_backend_or_null(const CudaOptions& options, std::string* why) {
   if (!cuda_available(why)) return nullptr;
   try {
-    return make_cuda_backend(0);
+    return make_cuda_backend(0, options);
   } catch (const std::exception& e) {
     *why = e.what();
     return nullptr;
@@ -26,14 +29,6 @@ int32_t* to_device(Backend& be, std::span<const int32_t> host) {
   int32_t* device = be.alloc_i32(host.size());
   be.copy_from_host(host.data(), host.size(), device);
   return device;
-}
-
-std::unique_ptr<Backend> cuda_backend_with_env_or_null(const char* name, const char* value,
-                                                       std::string* why) {
-  setenv(name, value, 1);
-  std::unique_ptr<Backend> be = cuda_backend_or_null(why);
-  unsetenv(name);
-  return be;
 }
 
 std::vector<float> to_host(Backend& be, const float* device, size_t count) {

@@ -10,17 +10,18 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_options.h"
 #include "backend_test_support.h"
 
 namespace lily::testing {
 
-// The CUDA backend, or nullptr with the reason in `why` (no GPU, built without CUDA).
+// The CUDA backend (default options, or `options`), or nullptr with the reason in `why` (no
+// GPU, built without CUDA).
 std::unique_ptr<Backend> cuda_backend_or_null(std::string* why);
+std::unique_ptr<Backend> cuda_backend_or_null(const CudaOptions& options, std::string* why);
 
-// The CUDA backend built while the environment variable `name` is `value` (a backend option
-// read at construction, e.g. LILY_CUDA_FUSED_NORM=1); the variable is unset afterwards.
-std::unique_ptr<Backend> cuda_backend_with_env_or_null(const char* name, const char* value,
-                                                       std::string* why);
+// The counts of the CUDA backend `be` (cuda_options.h): which kernel paths its ops took.
+inline const CudaPathCounts& path_counts(const Backend& be) { return cuda_path_counts(be); }
 
 // Declares `be` as the CUDA backend, or marks the test SKIPPED (visibly) when there is none.
 #define LILY_CUDA_BACKEND_OR_SKIP(be)                                   \

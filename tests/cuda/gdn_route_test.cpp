@@ -408,13 +408,14 @@ TEST(CudaMoeRoute, TiesPickLowestIdsAndInfinitiesHaveZeroWeight) {
 // The mixer after the input projections (conv, delta rule, gated norm, output projection) over
 // consecutive steps with carried window and state, three ways: the CUDA backend (for n = 1 the
 // conv runs inside the delta rule's launch and the window shifts in the projection's), the CUDA
-// backend with that fusion off (LILY_CUDA_FUSED_CONV=0: the three ops) and the CPU backend.
+// backend with that fusion off (--cuda-disable fused-conv: the four ops) and the CPU backend.
+// The path counts show that the fused path ran for every one-token step, and never unfused.
 // A window shifted too early (before every block read it) or not at all, a wrong q/k/v channel
 // in the fused conv, or a stale conv output shows up as a window mismatch or an O(1) error.
 TEST(CudaGatedDeltaNetMixer, FusedConvStepsMatchTheThreeOps) {
   LILY_CUDA_BACKEND_OR_SKIP(be);
   std::string why;
-  std::unique_ptr<Backend> unfused = cuda_backend_with_env_or_null("LILY_CUDA_FUSED_CONV", "0", &why);
+  std::unique_ptr<Backend> unfused = cuda_backend_or_null(CudaOptions::disabling("fused-conv"), &why);
   ASSERT_TRUE(unfused) << why;
   auto host = cpu(2);
   Rng rng(181);
@@ -454,6 +455,7 @@ TEST(CudaGatedDeltaNetMixer, FusedConvStepsMatchTheThreeOps) {
     constexpr size_t kMaxTokens = 3;
     Side sides[] = {side(*be, kMaxTokens), side(*unfused, kMaxTokens), side(*host, kMaxTokens)};
     // Five decode steps, a 3-token call (the op's unfused path on CUDA too), two more steps.
+    const uint64_t fused_before = path_counts(*be).fused_conv_delta;
     int step = 0;
     for (int64_t n : {1, 1, 1, 1, 1, 3, 1, 1}) {
       const std::string label = dl + " step " + std::to_string(step++) + " n=" + std::to_string(n);
@@ -484,7 +486,9 @@ TEST(CudaGatedDeltaNetMixer, FusedConvStepsMatchTheThreeOps) {
       EXPECT_LT(compare_f32(y[0], y[1]).normalised, 1e-6) << label << ": fused vs unfused y";
       EXPECT_LT(compare_f32(state[0], state[1]).normalised, 1e-6) << label << ": fused vs unfused state";
     }
+    EXPECT_EQ(path_counts(*be).fused_conv_delta - fused_before, 7u) << dl << ": one per n = 1 step";
   }
+  EXPECT_EQ(path_counts(*unfused).fused_conv_delta, 0u);
 }
 
 // ---- graph capture ----------------------------------------------------------------------------

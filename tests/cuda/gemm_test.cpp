@@ -39,7 +39,9 @@ void check_matmul(Backend& be, Backend& host, const QuantWeight& w, int64_t row_
   const auto in = static_cast<int64_t>(w.view().in);
   const std::vector<float> x = rng.uniform_vector(static_cast<size_t>(n * in), lo, hi);
   float* y_dev = unwritten(be, static_cast<size_t>(n * rows));
+  const uint64_t gemms = path_counts(be).tensor_core_gemm;
   be.matmul(w.view(), row_begin, rows, to_device(be, x), n, y_dev);
+  EXPECT_EQ(path_counts(be).tensor_core_gemm, gemms + 1) << label << ": the tensor-core GEMM ran";
   const std::vector<float> got = to_host(be, y_dev, static_cast<size_t>(n * rows));
 
   const ErrorFigures f = report("matmul", label, got, ref::matmul(w.view(), row_begin, rows, widen(x), n));
@@ -133,6 +135,8 @@ TEST(CudaGemm, CapturedReplayMatchesEagerRun) {
   be->matmul(w.view(), 0, 256, x_dev, n, replayed);
   const int graph = be->end_capture();
   be->replay(graph);
+  // Counted at dispatch: the eager call and the recorded one, not the replay.
+  EXPECT_EQ(path_counts(*be).tensor_core_gemm, 2u);
   const std::vector<float> a = to_host(*be, eager, static_cast<size_t>(n) * 256);
   const std::vector<float> b = to_host(*be, replayed, static_cast<size_t>(n) * 256);
   EXPECT_EQ(a, b) << "the replay must reproduce the eager run bit for bit";
@@ -163,7 +167,9 @@ void check_swiglu(Backend& be, Backend& host, const QuantWeight& gate, const Qua
   const std::vector<float> x = rng.uniform_vector(static_cast<size_t>(n * in), -2.0f, 2.0f);
   float* h_dev = unwritten(be, static_cast<size_t>(n * k * I));
   const int32_t* ids_dev = null_ids ? nullptr : to_device(be, ids);
+  const uint64_t grouped = path_counts(be).grouped_moe;
   be.expert_swiglu(gate.view(), up.view(), to_device(be, x), ids_dev, n, k, h_dev);
+  EXPECT_EQ(path_counts(be).grouped_moe, grouped + 1) << label << ": the grouped GEMMs ran";
   const std::vector<float> got = to_host(be, h_dev, static_cast<size_t>(n * k * I));
 
   const std::vector<double> want = ref::expert_swiglu(gate.view(), up.view(), widen(x),
@@ -230,8 +236,10 @@ void check_down(Backend& be, Backend& host, Rng& rng, const QuantWeight& down, c
   }
   shared_logit[1] = -80.0f;  // shared expert switched off for token 1
   float* out_dev = unwritten(be, static_cast<size_t>(n * H));
+  const uint64_t grouped = path_counts(be).grouped_moe;
   be.expert_down_combine(down.view(), to_device(be, h), to_device(be, ids), to_device(be, weights), n, k,
                          shared_down.view(), to_device(be, shared_h), to_device(be, shared_logit), out_dev);
+  EXPECT_EQ(path_counts(be).grouped_moe, grouped + 1) << label << ": the grouped GEMMs ran";
   const std::vector<float> got = to_host(be, out_dev, static_cast<size_t>(n * H));
 
   const std::vector<double> want = ref::expert_down_combine(down.view(), widen(h), ids, widen(weights), n, k,

@@ -156,9 +156,12 @@ TEST(CudaGemv, ManyRows) {
 // sums in the generic kernel's order, so its output must equal, bit for bit, that of a
 // one-target matmul_group (which always runs the generic kernel), besides the references.
 // Row counts that leave a partial last tile, a row range starting mid-tile, and more tiles
-// than blocks (several laps of the 4-stage ring).
+// than blocks (several laps of the 4-stage ring). Where the device runs the kernel (the
+// start-up line says "bulk-copy lm_head GEMV on": sm_90 code, 144 KB of shared memory) the
+// path counts show that every matmul took it; elsewhere none did.
 TEST(CudaGemv, TallQ4StreamsBitIdenticalToTheGenericKernel) {
   LILY_CUDA_BACKEND_OR_SKIP(be);
+  const bool streams = be->code_path().find("bulk-copy lm_head GEMV on") != std::string::npos;
   auto host = cpu();
   Rng rng(309);
   struct Case {
@@ -188,6 +191,10 @@ TEST(CudaGemv, TallQ4StreamsBitIdenticalToTheGenericKernel) {
       expect_matmul_output(*host, w, c.row_begin, c.rows, x, 1, got, "matmul", label, kTol);
     }
   }
+  EXPECT_EQ(path_counts(*be).stream_gemv, streams ? 4u : 0u) << be->code_path();
+  EXPECT_EQ(path_counts(*be).gemv, streams ? 0u : 4u) << be->code_path();
+  EXPECT_EQ(path_counts(*be).batched_gemv, 4u) << "the one-target groups run the generic kernel";
+  if (!streams) std::printf("[cuda] this device does not run the bulk-copy GEMV: %s\n", be->code_path().c_str());
 }
 
 TEST(CudaGemv, RowsPerSegmentFollowTheMatrixSize) {
@@ -218,6 +225,8 @@ TEST(CudaGemv, SeventeenTokensTakeTheOtherPath) {
   // rather than the GEMV's f32 1e-5.
   const QuantWeight w(rng, 4, 1, 64, 128, 0, "w");
   check_matmul(*be, *host, w, 0, 64, 17, rng, "q4 [64, 128] n=17", 1e-4);
+  EXPECT_EQ(path_counts(*be).tensor_core_gemm, 1u);
+  EXPECT_EQ(path_counts(*be).gemv, 0u);
 }
 
 // ---- matmul_group (one launch for a fused projection group) ------------------------------
@@ -271,88 +280,10 @@ TEST(CudaGemv, MatmulGroupOneLaunchPerGroup) {
   const QuantWeight w8(rng, 8, 1, 12, 128, 0, "w8");
   check_group(*be, *host, {&w4, &w8}, {0, 0}, {20, 12}, 2, rng, "q4|q8 n=2");
   check_group(*be, *host, {&w4, &w8}, {0, 0}, {20, 12}, 17, rng, "q4|q8 n=17", 1e-4);
-}
-
-// add_rms_norm_matmul_group with LILY_CUDA_FUSED_NORM=1: the norm formed in the GEMV's
-// staging, the residual and normed written by the last block. Against the CPU backend's
-// add_rms_norm + matmul_group, twice in a row (the second launch finds the count reset).
-TEST(CudaGemv, NormFoldedIntoTheProjectionGroup) {
-  std::string why;
-  std::unique_ptr<Backend> be = cuda_backend_with_env_or_null("LILY_CUDA_FUSED_NORM", "1", &why);
-  if (!be) GTEST_SKIP() << "no usable CUDA device: " << why;
-  auto host = cpu();
-  Rng rng(310);
-  constexpr int64_t kDim = 256;
-  const DenseTensor gain(DType::BF16, {kDim}, rng.uniform_vector(kDim, 0.5f, 1.5f), "norm");
-  for (int bits : {4, 8}) {
-    const QuantWeight w0(rng, bits, 1, 300, kDim, 0, "w0");
-    const QuantWeight w1(rng, bits, 1, 7, kDim, 0, "w1");
-    for (int64_t n : {1, 2}) {
-      const auto count = static_cast<size_t>(n * kDim);
-      std::vector<float> residual = rng.uniform_vector(count, -3.0f, 3.0f);
-      float* dev_residual = to_device(*be, residual);
-      for (int call = 0; call < 2; ++call) {
-        const std::string label = bits_label(bits) + " n=" + std::to_string(n) + " call " +
-                                  std::to_string(call);
-        const std::vector<float> delta = rng.uniform_vector(count, -1.0f, 1.0f);
-        float* dev_normed = unwritten(*be, count);
-        float* dev_y0 = unwritten(*be, static_cast<size_t>(n) * 300);
-        float* dev_y1 = unwritten(*be, static_cast<size_t>(n) * 7);
-        const MatmulTarget dev_targets[] = {{&w0.view(), 0, 300, dev_y0}, {&w1.view(), 0, 7, dev_y1}};
-        be->add_rms_norm_matmul_group(dev_residual, to_device(*be, delta), gain.view(), n, kDim,
-                                      1e-6f, dev_normed, dev_targets);
-        std::vector<float> normed(count, kUnwritten);
-        std::vector<float> y0(static_cast<size_t>(n) * 300, kUnwritten);
-        std::vector<float> y1(static_cast<size_t>(n) * 7, kUnwritten);
-        const MatmulTarget host_targets[] = {{&w0.view(), 0, 300, y0.data()},
-                                             {&w1.view(), 0, 7, y1.data()}};
-        host->add_rms_norm_matmul_group(residual.data(), delta.data(), gain.view(), n, kDim, 1e-6f,
-                                        normed.data(), host_targets);
-        EXPECT_LT(report("add_rms_norm_matmul_group", label + " residual",
-                         to_host(*be, dev_residual, count), widen(residual)).normalised, kTol);
-        EXPECT_LT(report("add_rms_norm_matmul_group", label + " normed",
-                         to_host(*be, dev_normed, count), widen(normed)).normalised, kTol);
-        EXPECT_LT(report("add_rms_norm_matmul_group", label + " target 0",
-                         to_host(*be, dev_y0, y0.size()), widen(y0)).normalised, kTol);
-        EXPECT_LT(report("add_rms_norm_matmul_group", label + " target 1",
-                         to_host(*be, dev_y1, y1.size()), widen(y1)).normalised, kTol);
-      }
-    }
-  }
-}
-
-// gated_rms_norm_matmul with LILY_CUDA_FUSED_NORM=1: the per-head gated norm formed in the
-// GEMV's staging, against the CPU backend's gated_rms_norm + matmul.
-TEST(CudaGemv, GatedNormFoldedIntoTheOutputProjection) {
-  std::string why;
-  std::unique_ptr<Backend> be = cuda_backend_with_env_or_null("LILY_CUDA_FUSED_NORM", "1", &why);
-  if (!be) GTEST_SKIP() << "no usable CUDA device: " << why;
-  auto host = cpu();
-  Rng rng(311);
-  for (int64_t dim : {64, 128}) {
-    constexpr int64_t kHeads = 8;
-    const int64_t in = kHeads * dim;
-    const DenseTensor gain(DType::F32, {static_cast<uint64_t>(dim)},
-                           rng.uniform_vector(static_cast<size_t>(dim), 0.5f, 1.5f), "norm");
-    const QuantWeight w(rng, 4, 1, 300, static_cast<uint64_t>(in), 0, "out_proj");
-    for (int64_t n : {1, 2}) {
-      const std::string label = "dim=" + std::to_string(dim) + " n=" + std::to_string(n);
-      const auto count = static_cast<size_t>(n * in);
-      const std::vector<float> x = rng.uniform_vector(count, -2.0f, 2.0f);
-      const std::vector<float> z = rng.uniform_vector(count, -3.0f, 3.0f);
-      float* dev_y = unwritten(*be, static_cast<size_t>(n) * 300);
-      be->gated_rms_norm_matmul(to_device(*be, x), to_device(*be, z), gain.view(), n * kHeads, dim,
-                                1e-6f, unwritten(*be, count), w.view(), n, dev_y);
-      std::vector<float> scratch(count, kUnwritten);
-      std::vector<float> y(static_cast<size_t>(n) * 300, kUnwritten);
-      host->gated_rms_norm_matmul(x.data(), z.data(), gain.view(), n * kHeads, dim, 1e-6f,
-                                  scratch.data(), w.view(), n, y.data());
-      EXPECT_LT(report("gated_rms_norm_matmul", label, to_host(*be, dev_y, y.size()), widen(y))
-                    .normalised,
-                kTol)
-          << label;
-    }
-  }
+  // One launch for each of the 9 groups of one width and n <= 8; the mixed ones per target.
+  EXPECT_EQ(path_counts(*be).batched_gemv, 9u);
+  EXPECT_EQ(path_counts(*be).gemv, 2u);
+  EXPECT_EQ(path_counts(*be).tensor_core_gemm, 2u);
 }
 
 // ---- embed ---------------------------------------------------------------------------------
@@ -620,6 +551,9 @@ TEST(CudaExpertSwiglu, WithSharedExpertInOneLaunch) {
   const QuantWeight sup8(rng, 8, 1, kShared, kHidden, 0, "shared_up");
   check_swiglu_with_shared(*be, *host, gate, up, sgate8, sup8, rng, 2, 3, "shared q8 n=2");
   check_swiglu_with_shared(*be, *host, gate, up, sgate, sup, rng, 12, 3, "q4 n=12", 1e-4);
+  // The five calls of one width and n <= 8 in one launch; n = 12 as grouped GEMMs (2 ops).
+  EXPECT_EQ(path_counts(*be).fused_swiglu_shared, 5u);
+  EXPECT_EQ(path_counts(*be).grouped_moe, 2u);
 }
 
 // Routing fused into the SwiGLU launch: ids and weights as the CPU's moe_route, h and
@@ -685,6 +619,11 @@ TEST(CudaExpertSwiglu, RoutingFusedIntoTheLaunch) {
                      &down256);
   // Prefill sizes take the routing kernel and the grouped GEMMs: same contract.
   check_route_swiglu(*be, *host, gate, up, sgate, sup, rng, 11, 3, "E=10 k=3 n=11 (two ops)");
+  // Seven calls routed inside the SwiGLU launch; n = 11 as the routing kernel and two
+  // grouped GEMMs.
+  EXPECT_EQ(path_counts(*be).fused_route_swiglu, 7u);
+  EXPECT_EQ(path_counts(*be).fused_swiglu_shared, 0u);
+  EXPECT_EQ(path_counts(*be).grouped_moe, 2u);
 }
 
 // ---- expert_down_combine -------------------------------------------------------------------

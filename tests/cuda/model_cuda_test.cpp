@@ -108,15 +108,6 @@ TEST(CudaDecode, GraphReplayedStepsTrackTheCpuStepByStep) {
   expect_decode_tracks_cpu(*gpu, "");
 }
 
-// The same with LILY_CUDA_FUSED_NORM=1: every residual add + norm but the last folded into the
-// projections that read it (NormPrologue; the last block to stage writes the residual).
-TEST(CudaDecode, FusedNormStepsTrackTheCpuStepByStep) {
-  std::string why;
-  std::unique_ptr<Backend> gpu = cuda_backend_with_env_or_null("LILY_CUDA_FUSED_NORM", "1", &why);
-  if (!gpu) GTEST_SKIP() << "no usable CUDA device: " << why;
-  expect_decode_tracks_cpu(*gpu, " (fused norm)");
-}
-
 // An op failing while a decode step is recorded into a graph (--test-fault capture:error)
 // fails that generation only: CaptureScope ends the capture, so the same backend then
 // generates exactly what a backend that never failed does. Without the guard the stream

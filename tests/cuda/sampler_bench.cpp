@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
     std::printf("SKIPPED: no usable CUDA device: %s\n", why.c_str());
     return 0;
   }
-  std::unique_ptr<Backend> be = lily::make_cuda_backend(0);
+  std::unique_ptr<Backend> be = lily::make_cuda_backend(0, lily::CudaOptions{});
   const std::vector<float> host_logits = bench_logits();
   float* logits = be->alloc(static_cast<size_t>(kVocab));
   be->copy_from_host(host_logits.data(), host_logits.size(), logits);

@@ -33,8 +33,8 @@
 #                                    run (prefill, eager decode step, graph replays) to
 #                                    ncu-decode.csv, and `lily bench` arms at
 #                                    LILY_PROFILE_CONTEXTS (default 256) for each of
-#                                    LILY_PROFILE_ARMS (default: default,nopdl,fusednorm;
-#                                    also nostream, noconv, moelayer: LILY_CUDA_MOE_LAYER=1,
+#                                    LILY_PROFILE_ARMS (default: default,nopdl; also
+#                                    nostream, noconv, moelayer: LILY_CUDA_MOE_LAYER=1,
 #                                    kvf32 / kvbf16: --kv-cache f32 / bf16); LILY_NCU=0 skips Nsight Compute;
 #                                    LILY_NCU_DETAIL=<regex>: full sections of one kernel
 #                        lab         the kernel lab (tools/lab/, -DLILY_BUILD_LAB=ON): moe_layer_lab's
@@ -56,7 +56,7 @@ deps=$PWD/.deps/root/usr
 export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 stages=${LILY_STAGES:-tests,sanitizer,bench-cuda}
 LILY_PROFILE_CONTEXTS=${LILY_PROFILE_CONTEXTS:-256}
-LILY_PROFILE_ARMS=${LILY_PROFILE_ARMS:-default,nopdl,fusednorm}
+LILY_PROFILE_ARMS=${LILY_PROFILE_ARMS:-default,nopdl}
 has_stage() { [[ ",$stages," == *",$1,"* ]]; }
 {
   echo "date: $(date -u +%FT%TZ)"
@@ -136,20 +136,19 @@ if has_stage profile; then
   fi
   echo "ncu: $(( $(date +%s) - start )) s"
   # `lily bench` arms: each context of LILY_PROFILE_CONTEXTS with each arm of LILY_PROFILE_ARMS
-  # (default: the default build; nopdl: without programmatic dependent launch; fusednorm: the
-  # add+RMSNorm folded into the projections, experimental).
+  # (default: the default build; nopdl: without programmatic dependent launch; nostream:
+  # without the bulk-copy lm_head GEMV; noconv: without the conv inside the delta rule;
+  # moelayer: the decode plan's persistent MoE kernel, experimental).
   for ctx in ${LILY_PROFILE_CONTEXTS//,/ }; do
     for arm in ${LILY_PROFILE_ARMS//,/ }; do
-      flags=()
       case $arm in
-        default) env=() ;;
-        kvf32) env=(); flags=(--kv-cache f32) ;;
-        kvbf16) env=(); flags=(--kv-cache bf16) ;;
-        nopdl) env=(LILY_CUDA_PDL=0) ;;
-        fusednorm) env=(LILY_CUDA_FUSED_NORM=1) ;;
-        nostream) env=(LILY_CUDA_STREAM_GEMV=0) ;;
-        noconv) env=(LILY_CUDA_FUSED_CONV=0) ;;
-        moelayer) env=(LILY_CUDA_MOE_LAYER=1) ;;
+        default) flags=(); env=() ;;
+        kvf32) flags=(--kv-cache f32); env=() ;;
+        kvbf16) flags=(--kv-cache bf16); env=() ;;
+        nopdl) flags=(--cuda-disable pdl); env=() ;;
+        nostream) flags=(--cuda-disable stream-gemv); env=() ;;
+        noconv) flags=(--cuda-disable fused-conv); env=() ;;
+        moelayer) flags=(); env=(LILY_CUDA_MOE_LAYER=1) ;;
         *) echo "unknown arm $arm"; continue ;;
       esac
       echo -n "ctx $ctx $arm: "

@@ -82,9 +82,9 @@ float time_graph(cudaGraphExec_t g, cudaStream_t s, int reps) {
 }  // namespace
 
 int main() {
-  set_pdl_enabled(true);
-  cudaStream_t s;
-  LILY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cudaStream_t raw;
+  LILY_CUDA_CHECK(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking));
+  const Stream s{raw, /*pdl=*/true, /*pdl_launches=*/nullptr};  // PDL on, as the backend on sm_90
   std::vector<MoeLayerParams> layers(kLayers);
   float* residual = dev<float>(H);
   float* delta = dev<float>(H);

@@ -5,6 +5,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/op_contract.h"
 
 namespace lily {
 
@@ -40,19 +41,13 @@ void rope_tables(const AttentionDims& dims, int64_t position, float* cos_table, 
   }
 }
 
-void check_dims(const AttentionDims& d, const char* op) {
-  cpu::require(d.q_heads > 0 && d.kv_heads > 0 && d.q_heads % d.kv_heads == 0, op,
-               "q_heads must be a positive multiple of kv_heads");
-  cpu::require(d.head_dim > 0 && d.rotary_dim > 0 && d.rotary_dim % 2 == 0 &&
-                   d.rotary_dim <= d.head_dim,
-               op, "rotary_dim must be even and within head_dim");
-}
-
-// The CPU's memory is the host's, so a device position is read directly.
-int64_t resolve_position(SeqPos pos, int64_t n, const char* op) {
+// The CPU's memory is the host's, so a device position is read directly, and checked as the
+// contract checks a host position (op_contract.cpp).
+int64_t resolve_position(SeqPos pos, const char* op) {
   if (pos.device == nullptr) return pos.host;
-  cpu::require(n == 1, op, "a device position needs n == 1 (one decode step)");
-  return *pos.device;
+  const int64_t position = *pos.device;
+  cpu::require(position >= 0, op, "the device position is " + std::to_string(position) + ", expected >= 0");
+  return position;
 }
 
 }  // namespace
@@ -60,16 +55,9 @@ int64_t resolve_position(SeqPos pos, int64_t n, const char* op) {
 void CpuBackend::attention_prepare(float* qg, float* k, const DenseView& q_norm,
                                    const DenseView& k_norm, const AttentionDims& dims,
                                    SeqPos pos, int64_t n, float eps) {
-  check_dims(dims, "attention_prepare");
-  const int64_t start_pos = resolve_position(pos, n, "attention_prepare");
+  contract::check_attention_prepare(qg, k, q_norm, k_norm, dims, pos, n);
+  const int64_t start_pos = resolve_position(pos, "attention_prepare");
   const int64_t D = dims.head_dim;
-  for (const DenseView* norm : {&q_norm, &k_norm}) {
-    cpu::require(norm->data != nullptr && norm->shape.size() == 1 &&
-                     static_cast<int64_t>(norm->shape[0]) == D &&
-                     (norm->dtype == DType::BF16 || norm->dtype == DType::F32),
-                 "attention_prepare", "q_norm and k_norm must be BF16/F32 vectors of head_dim");
-  }
-  cpu::require(start_pos >= 0 && n > 0, "attention_prepare", "needs start_pos >= 0 and n > 0");
   pool_.parallel_for(n, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> cos_table, sin_table;
     cos_table.resize(static_cast<size_t>(dims.rotary_dim / 2));
@@ -93,18 +81,17 @@ void CpuBackend::attention_prepare(float* qg, float* k, const DenseView& q_norm,
 void CpuBackend::attention(const float* qg, const float* k, const float* v, KvCacheView k_view,
                            KvCacheView v_view, int64_t capacity, const AttentionDims& dims,
                            SeqPos pos, int64_t n, float* out) {
-  check_dims(dims, "attention");
+  contract::check_attention(qg, k, v, k_view, v_view, capacity, dims, pos, n, out);
   // The CPU keeps f32 caches (alloc_kv_cache refuses bf16 here); a bf16 view is a caller bug.
-  cpu::require(k_view.dtype == KvDtype::f32 && v_view.dtype == KvDtype::f32, "attention",
+  cpu::require(k_view.dtype == KvDtype::f32, "attention",
                std::string("the CPU backend reads f32 KV caches only, got ") +
-                   kv_dtype_name(k_view.dtype) + " keys and " + kv_dtype_name(v_view.dtype) +
-                   " values (--kv-cache f32)");
+                   kv_dtype_name(k_view.dtype) + " (--kv-cache f32)");
   float* k_cache = k_view.f32();
   float* v_cache = v_view.f32();
-  const int64_t start_pos = resolve_position(pos, n, "attention");
-  cpu::require(start_pos >= 0 && n > 0 && start_pos + n <= capacity, "attention",
-               "positions [" + std::to_string(start_pos) + ", " + std::to_string(start_pos + n) +
-                   ") exceed the KV cache capacity " + std::to_string(capacity));
+  const int64_t start_pos = resolve_position(pos, "attention");
+  cpu::require(start_pos + n <= capacity, "attention",
+               "the device position + n is " + std::to_string(start_pos + n) +
+                   ", expected at most the KV cache capacity " + std::to_string(capacity));
   const int64_t D = dims.head_dim;
   const int64_t row = dims.kv_heads * D;
   for (int64_t t = 0; t < n; ++t) {

@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/op_contract.h"
 
 namespace lily {
 
@@ -16,8 +17,8 @@ std::unique_ptr<Backend> make_cpu_backend(int threads) {
 
 void CpuBackend::prepare(const ModelWeights& weights, const LoadProgressFn& /*progress*/) {
   // The CPU reads the quantized weights in place from the mapping: nothing to upload.
-  cpu::check_quant(weights.embed, "prepare");
-  cpu::check_quant(weights.lm_head, "prepare");
+  contract::check_weight(weights.embed, "prepare", "embed");
+  contract::check_weight(weights.lm_head, "prepare", "lm_head");
 }
 
 float* CpuBackend::scratch(ScratchSlot slot, size_t count) {
@@ -89,13 +90,6 @@ void CpuBackend::copy(const float* src, size_t count, float* dst) {
 
 namespace {
 
-void check_gain(const DenseView& gain, int64_t dim, const char* op) {
-  cpu::require(gain.data != nullptr && gain.shape.size() == 1 &&
-                   static_cast<int64_t>(gain.shape[0]) == dim &&
-                   (gain.dtype == DType::BF16 || gain.dtype == DType::F32),
-               op, "gain " + gain.name + " must be a BF16/F32 vector of " + std::to_string(dim));
-}
-
 void normalize_row(const float* x, const DenseView& gain, int64_t dim, float eps, float* out) {
   float sum_sq = 0.0f;
   for (int64_t i = 0; i < dim; ++i) sum_sq += x[i] * x[i];
@@ -107,7 +101,7 @@ void normalize_row(const float* x, const DenseView& gain, int64_t dim, float eps
 
 void CpuBackend::rms_norm(const float* x, const DenseView& gain, int64_t n, int64_t dim,
                           float eps, float* out) {
-  check_gain(gain, dim, "rms_norm");
+  contract::check_rms_norm(x, gain, n, dim, out);
   pool_.parallel_for(n, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) normalize_row(x + t * dim, gain, dim, eps, out + t * dim);
   });
@@ -115,7 +109,7 @@ void CpuBackend::rms_norm(const float* x, const DenseView& gain, int64_t n, int6
 
 void CpuBackend::add_rms_norm(float* residual, const float* delta, const DenseView& gain,
                               int64_t n, int64_t dim, float eps, float* out) {
-  check_gain(gain, dim, "add_rms_norm");
+  contract::check_add_rms_norm(residual, delta, gain, n, dim, out);
   pool_.parallel_for(n, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       float* r = residual + t * dim;
@@ -127,7 +121,7 @@ void CpuBackend::add_rms_norm(float* residual, const float* delta, const DenseVi
 
 void CpuBackend::gated_rms_norm(const float* x, const float* z, const DenseView& gain,
                                 int64_t rows, int64_t dim, float eps, float* out) {
-  check_gain(gain, dim, "gated_rms_norm");
+  contract::check_gated_rms_norm(x, z, gain, rows, dim, out);
   pool_.parallel_for(rows, [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       normalize_row(x + r * dim, gain, dim, eps, out + r * dim);
@@ -140,9 +134,7 @@ void CpuBackend::gated_rms_norm(const float* x, const float* z, const DenseView&
 
 void CpuBackend::moe_route(const float* logits, int64_t n, int64_t experts, int64_t k,
                            int32_t* ids, float* weights) {
-  cpu::require(k > 0 && k <= experts, "moe_route", "k must be in [1, experts]");
-  cpu::require(n > 0 && logits != nullptr && ids != nullptr && weights != nullptr, "moe_route",
-               "needs n > 0 rows and non-null buffers");
+  contract::check_moe_route(logits, n, experts, k, ids, weights);
   float* probs = scratch(kProbs, static_cast<size_t>(experts));
   if (order_.size() < static_cast<size_t>(experts)) order_.resize(static_cast<size_t>(experts));
   const auto order = order_.begin();
@@ -172,8 +164,7 @@ void CpuBackend::moe_route(const float* logits, int64_t n, int64_t experts, int6
 }
 
 void CpuBackend::argmax(const float* logits, int64_t n, int64_t vocab, int32_t* out) {
-  cpu::require(n > 0 && vocab > 0 && logits != nullptr && out != nullptr, "argmax",
-               "needs n > 0 rows of vocab > 0 logits");
+  contract::check_argmax(logits, n, vocab, out);
   for (int64_t t = 0; t < n; ++t) {
     const float* l = logits + t * vocab;
     int64_t best = 0;

@@ -90,7 +90,4 @@ struct DecodedRow {
   float dot(const float* x) const { return cpu::dot(w.data(), x, static_cast<int64_t>(w.size())); }
 };
 
-// Validates a quantized weight view (bits, group-aligned sizes, pointers).
-void check_quant(const QuantView& w, const char* op);
-
 }  // namespace lily::cpu

@@ -4,6 +4,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/op_contract.h"
 
 namespace lily {
 
@@ -18,25 +19,13 @@ void l2_normalize(float* x, int64_t dim) {
   for (int64_t i = 0; i < dim; ++i) x[i] *= inv;
 }
 
-void check_dims(const GatedDeltaNetDims& d, const char* op) {
-  cpu::require(d.key_heads > 0 && d.value_heads > 0 && d.value_heads % d.key_heads == 0 && d.key_dim > 0 &&
-                   d.value_dim > 0 && d.conv_kernel >= 2,
-               op, "inconsistent Gated DeltaNet dimensions");
-}
-
 }  // namespace
 
 void CpuBackend::conv1d_silu(const float* mixed, float* window, const DenseView& weight,
                              const GatedDeltaNetDims& dims, int64_t n, float* out) {
-  check_dims(dims, "conv1d_silu");
+  contract::check_conv1d_silu(mixed, window, weight, dims, n, out);
   const int64_t C = dims.channels();
   const int64_t K = dims.conv_kernel;
-  cpu::require(weight.data != nullptr && weight.dtype == DType::BF16 && weight.shape.size() == 3 &&
-                   static_cast<int64_t>(weight.shape[0]) == C &&
-                   static_cast<int64_t>(weight.shape[1] * weight.shape[2]) == K &&
-                   weight.nbytes == static_cast<uint64_t>(C * K) * 2,
-               "conv1d_silu", "weight must be BF16 [channels, kernel, 1] or [channels, 1, kernel]");
-  cpu::require(n > 0, "conv1d_silu", "needs n > 0 tokens");
   pool_.parallel_for(C, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> taps, history;
     taps.resize(static_cast<size_t>(K));
@@ -59,19 +48,12 @@ void CpuBackend::conv1d_silu(const float* mixed, float* window, const DenseView&
 void CpuBackend::gated_delta_rule(const float* conv, const float* a, const float* b,
                                   const DenseView& a_log, const DenseView& dt_bias, float* state,
                                   const GatedDeltaNetDims& dims, int64_t n, float* out) {
-  check_dims(dims, "gated_delta_rule");
+  contract::check_gated_delta_rule(conv, a, b, a_log, dt_bias, state, dims, n, out);
   const int64_t Hv = dims.value_heads;
   const int64_t Dk = dims.key_dim;
   const int64_t Dv = dims.value_dim;
   const int64_t key_width = dims.key_heads * Dk;
   const int64_t C = dims.channels();
-  for (const DenseView* param : {&a_log, &dt_bias}) {
-    cpu::require(param->data != nullptr && param->shape.size() == 1 &&
-                     static_cast<int64_t>(param->shape[0]) == Hv &&
-                     (param->dtype == DType::BF16 || param->dtype == DType::F32),
-                 "gated_delta_rule", "A_log and dt_bias must be BF16/F32 with one entry per value head");
-  }
-  cpu::require(n > 0, "gated_delta_rule", "needs n > 0 tokens");
   const int64_t ratio = Hv / dims.key_heads;
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(Dk));
   pool_.parallel_for(Hv, [&](int64_t begin, int64_t end) {

@@ -4,6 +4,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/op_contract.h"
 
 namespace lily {
 
@@ -26,6 +27,7 @@ struct ExpertGroups {
   }
 };
 
+// The ids are in host memory here: checked beyond the contract (a device backend cannot).
 void check_ids(const int32_t* ids, int64_t count, uint64_t experts, const char* op) {
   for (int64_t i = 0; ids != nullptr && i < count; ++i) {
     cpu::require(ids[i] >= 0 && static_cast<uint64_t>(ids[i]) < experts, op,
@@ -38,11 +40,7 @@ void check_ids(const int32_t* ids, int64_t count, uint64_t experts, const char* 
 
 void CpuBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const float* x,
                                const int32_t* ids, int64_t n, int64_t k, float* h) {
-  cpu::check_quant(gate, "expert_swiglu");
-  cpu::check_quant(up, "expert_swiglu");
-  cpu::require(gate.out == up.out && gate.in == up.in && gate.experts == up.experts,
-               "expert_swiglu", "gate and up projections must have the same shape");
-  cpu::require(n > 0 && k > 0, "expert_swiglu", "empty input");
+  contract::check_expert_swiglu(gate, up, x, ids, n, k, h);
   check_ids(ids, n * k, gate.experts, "expert_swiglu");
   const auto I = static_cast<int64_t>(gate.out);
   const auto in = static_cast<int64_t>(gate.in);
@@ -83,11 +81,8 @@ void CpuBackend::expert_down_combine(const QuantView& down, const float* h, cons
                                      const float* weights, int64_t n, int64_t k,
                                      const QuantView& shared_down, const float* shared_h,
                                      const float* shared_logit, float* out) {
-  cpu::check_quant(down, "expert_down_combine");
-  cpu::check_quant(shared_down, "expert_down_combine");
-  cpu::require(down.out == shared_down.out && shared_down.experts == 1, "expert_down_combine",
-               "the shared down projection must be one matrix with the routed output width");
-  cpu::require(n > 0 && k > 0 && ids != nullptr, "expert_down_combine", "empty input");
+  contract::check_expert_down_combine(down, h, ids, weights, n, k, shared_down, shared_h,
+                                     shared_logit, out);
   check_ids(ids, n * k, down.experts, "expert_down_combine");
   const auto H = static_cast<int64_t>(down.out);
   const auto I = static_cast<int64_t>(down.in);

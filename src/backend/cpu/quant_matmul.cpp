@@ -3,6 +3,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/op_contract.h"
 
 namespace lily::cpu {
 
@@ -141,25 +142,13 @@ void DecodedRow::load(const QuantView& weight, int64_t row) {
   }
 }
 
-void check_quant(const QuantView& w, const char* op) {
-  require(w.bits == 4 || w.bits == 8, op, w.name + " has " + std::to_string(w.bits) +
-                                               " bits, expected 4 or 8");
-  require(w.in > 0 && w.in % 64 == 0, op, w.name + " input width must be a positive multiple of 64");
-  require(w.codes != nullptr && w.scales != nullptr && w.biases != nullptr, op,
-          w.name + " has no data");
-}
-
 }  // namespace lily::cpu
 
 namespace lily {
 
 void CpuBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x,
                         int64_t n, float* y) {
-  cpu::check_quant(w, "matmul");
-  cpu::require(row_begin >= 0 && rows > 0 && row_begin + rows <= static_cast<int64_t>(w.rows()),
-               "matmul", "rows [" + std::to_string(row_begin) + ", +" + std::to_string(rows) +
-                             ") outside " + w.name + " (" + std::to_string(w.rows()) + " rows)");
-  cpu::require(n > 0 && x != nullptr && y != nullptr, "matmul", "empty input or output");
+  contract::check_matmul(w, row_begin, rows, x, n, y);
   const auto in = static_cast<int64_t>(w.in);
   // Decode (n == 1) reads the packed rows with prepared activations; prefill dequantises rows.
   float* sums = n == 1 ? scratch(kSumsA, static_cast<size_t>(in / 64)) : nullptr;
@@ -183,8 +172,9 @@ void CpuBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, con
 }
 
 void CpuBackend::embed(const QuantView& table, const int32_t* ids, int64_t n, float* out) {
-  cpu::check_quant(table, "embed");
+  contract::check_embed(table, ids, n, out);
   const auto in = static_cast<int64_t>(table.in);
+  // The ids are in host memory here: checked too (a device backend cannot read them).
   for (int64_t t = 0; t < n; ++t) {
     cpu::require(ids[t] >= 0 && static_cast<uint64_t>(ids[t]) < table.rows(), "embed",
                  "token id " + std::to_string(ids[t]) + " outside the vocabulary of " +

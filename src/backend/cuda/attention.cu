@@ -736,7 +736,7 @@ RopeFreqs rope_freqs(const AttentionShape& a) {
 template <int D>
 void launch_prepare(float* qg, float* k, const float* q_norm, const float* k_norm,
                     const AttentionShape& a, int64_t pos_host, const int32_t* pos_device,
-                    int64_t n, float eps, cudaStream_t s) {
+                    int64_t n, float eps, Stream s) {
   const int64_t items = n * (a.q_heads + a.kv_heads);
   const auto blocks = static_cast<unsigned>((items + kPrepareWarps - 1) / kPrepareWarps);
   launch(prepare_kernel<D>, blocks, kPrepareWarps * 32, 0, s, qg, k, q_norm, k_norm, a.q_heads,
@@ -752,7 +752,7 @@ template <int D, int G, typename KV>
 void launch_decode_split(const float* qg, const float* k, const float* v, KV* k_cache,
                          KV* v_cache, int64_t capacity, const AttentionShape& a, int units,
                          int64_t pos_host, const int32_t* pos_device, int splits, float scale,
-                         float* part_o, float* part_ml, cudaStream_t s) {
+                         float* part_o, float* part_ml, Stream s) {
   const int group = a.q_heads / a.kv_heads;
   launch(decode_split_kernel<D, G, KV>, dim3(static_cast<unsigned>(units), static_cast<unsigned>(splits)),
          kDecodeThreads, 0, s, qg, k, v, k_cache, v_cache, capacity, a.q_heads, a.kv_heads, group,
@@ -762,7 +762,7 @@ void launch_decode_split(const float* qg, const float* k, const float* v, KV* k_
 template <int D, typename KV>
 void launch_decode(const float* qg, const float* k, const float* v, KV* k_cache, KV* v_cache,
                    int64_t capacity, const AttentionShape& a, int64_t pos_host,
-                   const int32_t* pos_device, float* out, Workspace& ws, cudaStream_t s) {
+                   const int32_t* pos_device, float* out, Workspace& ws, Stream s) {
   const int group = a.q_heads / a.kv_heads;
   const int G = (group == 2 || group == 4 || group == 8) ? group : 1;
   const int units = G > 1 ? a.kv_heads : a.q_heads;
@@ -796,12 +796,12 @@ void launch_decode(const float* qg, const float* k, const float* v, KV* k_cache,
 
 // The prefill's new rows into the caches: a device copy for f32, a rounding kernel for bf16.
 void store_rows(const float* k, const float* v, float* k_dst, float* v_dst, size_t count,
-                cudaStream_t s) {
+                Stream s) {
   LILY_CUDA_CHECK(cudaMemcpyAsync(k_dst, k, count * sizeof(float), cudaMemcpyDeviceToDevice, s));
   LILY_CUDA_CHECK(cudaMemcpyAsync(v_dst, v, count * sizeof(float), cudaMemcpyDeviceToDevice, s));
 }
 void store_rows(const float* k, const float* v, __nv_bfloat16* k_dst, __nv_bfloat16* v_dst,
-                size_t count, cudaStream_t s) {
+                size_t count, Stream s) {
   constexpr int kThreads = 256;
   const size_t pieces = count / kStoreVec;  // count = n * kv_heads * head_dim: a multiple of 64
   const auto blocks = static_cast<unsigned>((pieces + kThreads - 1) / kThreads);
@@ -811,7 +811,7 @@ void store_rows(const float* k, const float* v, __nv_bfloat16* k_dst, __nv_bfloa
 
 template <int D, typename KV>
 void launch_prefill(const float* qg, const float* k, const float* v, KV* k_cache, KV* v_cache,
-                    const AttentionShape& a, int64_t pos, int64_t n, float* out, cudaStream_t s) {
+                    const AttentionShape& a, int64_t pos, int64_t n, float* out, Stream s) {
   const int64_t row = static_cast<int64_t>(a.kv_heads) * D;
   store_rows(k, v, k_cache + pos * row, v_cache + pos * row, static_cast<size_t>(n * row), s);
   constexpr size_t kSmem = PrefillSmem<D>::kBytes;
@@ -833,7 +833,7 @@ template <int D, typename KV>
 void launch_attention(const float* qg, const float* k, const float* v, KV* k_cache, KV* v_cache,
                       int64_t capacity, const AttentionShape& a, int64_t pos_host,
                       const int32_t* pos_device, int64_t n, float* out, Workspace& ws,
-                      cudaStream_t s) {
+                      Stream s) {
   if (n == 1) {
     launch_decode<D, KV>(qg, k, v, k_cache, v_cache, capacity, a, pos_host, pos_device, out, ws, s);
   } else {
@@ -845,7 +845,7 @@ template <typename KV>
 void attention_typed(const float* qg, const float* k, const float* v, KV* k_cache, KV* v_cache,
                      int64_t capacity, const AttentionShape& a, int64_t pos_host,
                      const int32_t* pos_device, int64_t n, float* out, Workspace& ws,
-                     cudaStream_t s) {
+                     Stream s) {
   switch (a.head_dim) {
     case 64:
       return launch_attention<64, KV>(qg, k, v, k_cache, v_cache, capacity, a, pos_host,
@@ -864,7 +864,7 @@ void attention_typed(const float* qg, const float* k, const float* v, KV* k_cach
 
 void attention_prepare(float* qg, float* k, const float* q_norm, const float* k_norm,
                        const AttentionShape& a, int64_t pos_host, const int32_t* pos_device,
-                       int64_t n, float eps, cudaStream_t s) {
+                       int64_t n, float eps, Stream s) {
   if (n <= 0) return;
   switch (a.head_dim) {
     case 64: return launch_prepare<64>(qg, k, q_norm, k_norm, a, pos_host, pos_device, n, eps, s);
@@ -876,7 +876,7 @@ void attention_prepare(float* qg, float* k, const float* q_norm, const float* k_
 
 void attention(const float* qg, const float* k, const float* v, const KvCaches& caches,
                int64_t capacity, const AttentionShape& a, int64_t pos_host,
-               const int32_t* pos_device, int64_t n, float* out, Workspace& ws, cudaStream_t s) {
+               const int32_t* pos_device, int64_t n, float* out, Workspace& ws, Stream s) {
   if (n <= 0) return;
   switch (caches.type) {
     case KvType::f32:

@@ -2,35 +2,20 @@
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
-#include <atomic>
-#include <cstdlib>
 #include <cstring>
 #include <stdexcept>
 #include <string>
 
 #include "backend/cuda/cuda_common.cuh"
+#include "backend/op_contract.h"
 #include "core/bf16.h"
 
 namespace lily {
 
-namespace cuda {
-namespace {
-std::atomic<bool> g_pdl{false};
-}  // namespace
-bool pdl_enabled() { return g_pdl.load(std::memory_order_relaxed); }
-void set_pdl_enabled(bool on) { g_pdl.store(on, std::memory_order_relaxed); }
-}  // namespace cuda
-
 namespace {
 
-// Whether environment variable `name` is set to exactly `value` (the backend's LILY_CUDA_*
-// switches, read once at construction).
-bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v != nullptr && std::string(v) == value;
-}
-
-// Contract violations are programming errors of the caller: reject, never fall back.
+// What the CUDA backend refuses beyond the shared contract (backend/op_contract.h, checked
+// first): its kernels' limits and its own calls. Never a fallback.
 void require(bool ok, const char* op, const std::string& what) {
   if (!ok) throw std::invalid_argument(std::string("cuda ") + op + ": " + what);
 }
@@ -43,23 +28,6 @@ __global__ void add_i32_kernel(int32_t* value, int32_t delta) {
   *value += delta;
 }
 
-void check_quant(const QuantView& w, const char* op) {
-  require(w.codes != nullptr && w.scales != nullptr && w.biases != nullptr, op,
-          "weight " + w.name + " has null buffers");
-  require(w.bits == 4 || w.bits == 8, op, "weight " + w.name + ": bits must be 4 or 8");
-  require(w.in > 0 && w.in % 64 == 0, op,
-          "weight " + w.name + ": input width must be a positive multiple of 64");
-  require(w.out > 0 && w.experts > 0, op, "weight " + w.name + " has no rows");
-}
-
-void check_dense(const DenseView& v, int64_t count, const char* op) {
-  require(v.data != nullptr && (v.dtype == DType::BF16 || v.dtype == DType::F32), op,
-          "tensor " + v.name + " must be BF16 or F32 with data");
-  const uint64_t elems = v.nbytes / (v.dtype == DType::F32 ? 4 : 2);
-  require(count < 0 || elems == static_cast<uint64_t>(count), op,
-          "tensor " + v.name + " has " + std::to_string(elems) + " values, expected " +
-              std::to_string(count));
-}
 
 // cudaMalloc of `bytes`; out of memory is an error naming `what`, the bytes asked for and
 // the free memory (the runtime's own text says neither).
@@ -83,25 +51,21 @@ void* malloc_or_explain(size_t bytes, const char* what) {
   return ptr;
 }
 
+// The kernels' shapes, from dims the contract has accepted.
 cuda::AttentionShape attention_shape(const AttentionDims& d, const char* op) {
-  require(d.q_heads > 0 && d.kv_heads > 0 && d.q_heads % d.kv_heads == 0, op,
-          "q_heads must be a positive multiple of kv_heads");
   // The kernels hold one head row per warp lane group: 64, 128 or 256 values.
   require(d.head_dim == 64 || d.head_dim == 128 || d.head_dim == 256, op,
           "head_dim must be 64, 128 or 256 on CUDA, got " + std::to_string(d.head_dim));
-  require(d.rotary_dim > 0 && d.rotary_dim % 2 == 0 && d.rotary_dim <= d.head_dim, op,
-          "rotary_dim must be even and within head_dim");
   return {static_cast<int>(d.q_heads), static_cast<int>(d.kv_heads), static_cast<int>(d.head_dim),
           static_cast<int>(d.rotary_dim), d.rope_theta};
 }
 
 cuda::DeltaNetShape delta_net_shape(const GatedDeltaNetDims& d, const char* op) {
-  require(d.key_heads > 0 && d.value_heads > 0 && d.value_heads % d.key_heads == 0, op,
-          "value_heads must be a positive multiple of key_heads");
   const auto supported = [](int64_t dim) { return dim == 32 || dim == 64 || dim == 128; };
   require(supported(d.key_dim) && supported(d.value_dim), op,
           "key_dim and value_dim must be 32, 64 or 128 on CUDA");
-  require(d.conv_kernel >= 2 && d.conv_kernel <= 8, op, "conv_kernel must be in [2, 8]");
+  require(d.conv_kernel <= 8, op, "conv_kernel must be at most 8 on CUDA, got " +
+                                      std::to_string(d.conv_kernel));
   return {static_cast<int>(d.key_heads), static_cast<int>(d.value_heads), static_cast<int>(d.key_dim),
           static_cast<int>(d.value_dim), static_cast<int>(d.conv_kernel)};
 }
@@ -163,10 +127,10 @@ bool cuda_available(std::string* why) {
   return true;
 }
 
-std::unique_ptr<Backend> make_cuda_backend(uint64_t required_bytes) {
+std::unique_ptr<Backend> make_cuda_backend(uint64_t required_bytes, const CudaOptions& options) {
   std::string why;
   if (!cuda_available(&why)) throw std::runtime_error("CUDA unusable: " + why);
-  auto backend = std::make_unique<CudaBackend>();
+  auto backend = std::make_unique<CudaBackend>(options);
   size_t free_bytes = 0;
   size_t total_bytes = 0;
   backend->memory_info(&free_bytes, &total_bytes);
@@ -179,7 +143,16 @@ std::unique_ptr<Backend> make_cuda_backend(uint64_t required_bytes) {
   return backend;
 }
 
-CudaBackend::CudaBackend() {
+const CudaPathCounts& cuda_path_counts(const Backend& backend) {
+  const auto* cuda = dynamic_cast<const CudaBackend*>(&backend);
+  if (cuda == nullptr) {
+    throw std::invalid_argument("cuda_path_counts: the " + backend.name() +
+                                " backend is not the CUDA backend");
+  }
+  return cuda->path_counts();
+}
+
+CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   LILY_CUDA_CHECK(cudaSetDevice(0));
   cudaDeviceProp prop{};
   LILY_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
@@ -193,17 +166,16 @@ CudaBackend::CudaBackend() {
   compute_capability_ = prop.major * 10 + prop.minor;
   code_binary_version_ = code.binaryVersion;
   code_ptx_version_ = code.ptxVersion;
-  // Programmatic dependent launch needs 9.0 on both; LILY_CUDA_PDL=0 turns it off to measure
-  // what it buys.
-  cuda::set_pdl_enabled(prop.major >= 9 && code.ptxVersion >= 90 && !env_is("LILY_CUDA_PDL", "0"));
-  // The lm_head's bulk copies need 9.0 and room for their tiles in shared memory;
-  // LILY_CUDA_STREAM_GEMV=0 keeps the generic GEMV.
-  cuda::set_stream_gemv_enabled(prop.major >= 9 && cuda::stream_gemv_built_for_device() &&
-                                    !env_is("LILY_CUDA_STREAM_GEMV", "0"),
-                                prop.sharedMemPerBlockOptin);
-  fused_norm_ = env_is("LILY_CUDA_FUSED_NORM", "1");
-  fused_conv_ = !env_is("LILY_CUDA_FUSED_CONV", "0");
   LILY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  // Programmatic dependent launch needs 9.0 on both; --cuda-disable pdl turns it off to
+  // measure what it buys.
+  launch_ = cuda::Stream{stream_, options_.pdl && prop.major >= 9 && code.ptxVersion >= 90,
+                         &counts_.pdl_launches};
+  // The lm_head's bulk copies need 9.0 and room for their tiles in shared memory;
+  // --cuda-disable stream-gemv keeps the generic GEMV.
+  stream_gemv_.enabled =
+      options_.stream_gemv && prop.major >= 9 && cuda::stream_gemv_built_for_device();
+  stream_gemv_.max_shared_bytes = prop.sharedMemPerBlockOptin;
   workspace_ = std::make_unique<CudaWorkspace>(stream_);
   LILY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_reads_), 2 * sizeof(int32_t),
                                 cudaHostAllocDefault));
@@ -249,10 +221,13 @@ std::string CudaBackend::code_path() const {
   } else {
     path += "sm_" + std::to_string(code_binary_version_) + " machine code";
   }
-  path += cuda::pdl_enabled() ? "; programmatic dependent launch on" : "; programmatic dependent launch off";
+  path += launch_.pdl ? "; programmatic dependent launch on" : "; programmatic dependent launch off";
   // The lm_head's rows are 2048 values (hidden_size).
-  path += cuda::stream_gemv_enabled_for(2048) ? ", bulk-copy lm_head GEMV on"
-                                               : ", bulk-copy lm_head GEMV off";
+  path += cuda::stream_gemv_enabled_for(2048, stream_gemv_) ? ", bulk-copy lm_head GEMV on"
+                                                           : ", bulk-copy lm_head GEMV off";
+  path += options_.fused_conv ? ", conv inside the delta rule on" : ", conv inside the delta rule off";
+  // What was asked for, beside what runs: a path the device cannot run stays off even when on.
+  path += "; options: " + options_.describe();
   return path;
 }
 
@@ -266,7 +241,7 @@ void CudaBackend::abort_capture() noexcept {
 void CudaBackend::lose_device(FaultSite /*site*/) {
   // Recorded into the graph during a capture (the fault then comes at its replay), queued
   // behind the graph at a replay, run at once in an eager step.
-  cuda::launch_poison_context(stream_);
+  cuda::launch_poison_context(launch_);
 }
 
 void* CudaBackend::device_alloc(size_t bytes) {
@@ -340,7 +315,7 @@ void CudaBackend::copy(const float* src, size_t count, float* dst) {
   LILY_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * 4, cudaMemcpyDeviceToDevice, stream_));
 }
 void CudaBackend::add_i32(int32_t* value, int32_t delta) {
-  cuda::launch(add_i32_kernel, 1, 1, 0, stream_, value, delta);
+  cuda::launch(add_i32_kernel, 1, 1, 0, launch_, value, delta);
 }
 
 void CudaBackend::read_async(const int32_t* src, int slot) {
@@ -476,13 +451,12 @@ std::string weight_key(const void* a, const void* b, const void* c, uint64_t sha
 }  // namespace
 
 const cuda::QuantMatrix& CudaBackend::quant(const QuantView& view) {
-  check_quant(view, "weight");
+  contract::check_weight(view, "upload", "weight");
   const size_t head = std::min<uint64_t>(32, view.words_per_row() * 4);
   const std::string key = weight_key(view.codes, view.scales, view.biases,
                                      view.rows() * 16 + static_cast<uint64_t>(view.bits), view.in, head);
   auto it = quant_.find(key);
   if (it != quant_.end()) return it->second;
-  check_quant(view, "upload");
   const uint64_t rows = view.rows();
   const size_t code_bytes = rows * view.words_per_row() * 4;
   const size_t group_bytes = rows * view.groups_per_row() * 2;
@@ -505,7 +479,9 @@ const cuda::QuantMatrix& CudaBackend::quant(const QuantView& view) {
 }
 
 const float* CudaBackend::dense(const DenseView& view) {
-  check_dense(view, -1, "upload");
+  // The ops check the shapes (op_contract); any tensor they pass is BF16 or F32 with data.
+  require(view.data != nullptr && (view.dtype == DType::BF16 || view.dtype == DType::F32),
+          "upload", "tensor " + view.name + " must be BF16 or F32 with data");
   const std::string key = weight_key(view.data, nullptr, nullptr, view.nbytes,
                                      static_cast<uint64_t>(view.dtype), std::min<uint64_t>(view.nbytes, 32));
   auto it = dense_.find(key);
@@ -530,19 +506,9 @@ const float* CudaBackend::dense(const DenseView& view) {
 // ---- ops --------------------------------------------------------------------------------
 
 void CudaBackend::embed(const QuantView& table, const int32_t* ids, int64_t n, float* out) {
-  require(n > 0 && ids != nullptr && out != nullptr, "embed", "needs n > 0 and buffers");
-  cuda::embed(quant(table), ids, n, out, stream_);
+  contract::check_embed(table, ids, n, out);
+  cuda::embed(quant(table), ids, n, out, launch_);
 }
-
-namespace {
-void check_matmul(const cuda::QuantMatrix& m, const QuantView& w, int64_t row_begin, int64_t rows,
-                  const float* x, int64_t n, const float* y, const char* op) {
-  require(n > 0 && rows > 0 && row_begin >= 0 && row_begin + rows <= m.rows(), op,
-          "rows [" + std::to_string(row_begin) + ", " + std::to_string(row_begin + rows) +
-              ") outside " + w.name + "'s " + std::to_string(m.rows()) + " rows, or n <= 0");
-  require(x != nullptr && y != nullptr, op, "null activation buffers");
-}
-}  // namespace
 
 bool CudaBackend::resolve_group(std::span<const MatmulTarget> targets, const float* x, int64_t n,
                                 const char* op, cuda::GemvTarget (&batch)[cuda::kMaxGemvTargets]) {
@@ -550,9 +516,12 @@ bool CudaBackend::resolve_group(std::span<const MatmulTarget> targets, const flo
   bool one_launch = n <= cuda::kGemvMaxTokens && targets.size() <= cuda::kMaxGemvTargets;
   for (size_t i = 0; i < targets.size(); ++i) {
     const MatmulTarget& t = targets[i];
-    require(t.w != nullptr, op, "null weight");
+    if (t.w == nullptr) {
+      throw std::invalid_argument(std::string(op) + ": targets[" + std::to_string(i) +
+                                  "].w is null, expected a weight");
+    }
+    contract::check_matmul(*t.w, t.row_begin, t.rows, x, n, t.y, op);
     const cuda::QuantMatrix& m = quant(*t.w);
-    check_matmul(m, *t.w, t.row_begin, t.rows, x, n, t.y, op);
     if (i < cuda::kMaxGemvTargets) batch[i] = cuda::GemvTarget{m, t.row_begin, t.rows, t.y};
     one_launch = one_launch && m.bits == batch[0].w.bits && m.in == batch[0].w.in;
   }
@@ -564,80 +533,11 @@ void CudaBackend::matmul_group(std::span<const MatmulTarget> targets, const floa
   // Otherwise the same products, one launch each.
   cuda::GemvTarget batch[cuda::kMaxGemvTargets];
   if (resolve_group(targets, x, n, "matmul_group", batch)) {
-    cuda::gemv_batch(batch, static_cast<int>(targets.size()), x, n, stream_);
+    ++counts_.batched_gemv;
+    cuda::gemv_batch(batch, static_cast<int>(targets.size()), x, n, launch_);
     return;
   }
   for (const MatmulTarget& t : targets) matmul(*t.w, t.row_begin, t.rows, x, n, t.y);
-}
-
-void CudaBackend::add_rms_norm_matmul_group(float* residual, const float* delta,
-                                            const DenseView& gain, int64_t n, int64_t dim,
-                                            float eps, float* normed,
-                                            std::span<const MatmulTarget> targets) {
-  cuda::GemvTarget batch[cuda::kMaxGemvTargets];
-  const bool fold = fused_norm_ && n <= 2 && dim % 4 == 0 && cuda::aligned16(residual) &&
-                    cuda::aligned16(delta) && cuda::aligned16(normed) &&
-                    static_cast<size_t>(n * dim) * sizeof(float) <= cuda::kMaxStagedBytes &&
-                    resolve_group(targets, normed, n, "add_rms_norm_matmul_group", batch) &&
-                    batch[0].w.in == dim;
-  if (!fold) {
-    Backend::add_rms_norm_matmul_group(residual, delta, gain, n, dim, eps, normed, targets);
-    return;
-  }
-  check_dense(gain, dim, "add_rms_norm_matmul_group");
-  require(residual != nullptr && delta != nullptr && normed != nullptr,
-          "add_rms_norm_matmul_group", "null buffers");
-  if (norm_counter_ == nullptr) {
-    // device_alloc zero-fills; the first (eager) decode step gets here before any capture.
-    norm_counter_ = static_cast<unsigned*>(device_alloc(sizeof(unsigned)));
-  }
-  cuda::NormPrologue norm;
-  norm.residual = residual;
-  norm.delta = delta;
-  norm.gain = dense(gain);
-  norm.eps = eps;
-  norm.normed = normed;
-  norm.counter = norm_counter_;
-  cuda::gemv_batch(batch, static_cast<int>(targets.size()), normed, n, stream_, norm);
-}
-
-void CudaBackend::gated_rms_norm_matmul(const float* x, const float* z, const DenseView& gain,
-                                        int64_t rows, int64_t dim, float eps, float* scratch,
-                                        const QuantView& w, int64_t n, float* y) {
-  gated_norm_projection(x, z, gain, rows, dim, eps, scratch, w, n, y, cuda::WindowShift{});
-}
-
-void CudaBackend::gated_norm_projection(const float* x, const float* z, const DenseView& gain,
-                                        int64_t rows, int64_t dim, float eps, float* scratch,
-                                        const QuantView& w, int64_t n, float* y,
-                                        const cuda::WindowShift& shift) {
-  const cuda::QuantMatrix& m = quant(w);
-  const bool fold = fused_norm_ && n > 0 && n <= 2 && dim > 0 && dim % 4 == 0 && dim <= 128 &&
-                    rows % n == 0 && m.in == rows / n * dim && cuda::aligned16(x) &&
-                    cuda::aligned16(z) &&
-                    static_cast<size_t>(rows * dim) * sizeof(float) <= cuda::kMaxStagedBytes;
-  const cuda::GemvTarget target{m, 0, m.rows(), y};
-  if (!fold) {
-    if (shift.window == nullptr) {
-      Backend::gated_rms_norm_matmul(x, z, gain, rows, dim, eps, scratch, w, n, y);
-      return;
-    }
-    gated_rms_norm(x, z, gain, rows, dim, eps, scratch);
-    check_matmul(m, w, 0, m.rows(), scratch, n, y, "gated_delta_net_mixer");
-    require(n <= cuda::kGemvMaxTokens, "gated_delta_net_mixer", "a window shift needs n <= 8");
-    cuda::gemv_batch(&target, 1, scratch, n, stream_, cuda::NormPrologue{},
-                     cuda::GatedNormPrologue{}, shift);
-    return;
-  }
-  check_dense(gain, dim, "gated_rms_norm_matmul");
-  check_matmul(m, w, 0, m.rows(), x, n, y, "gated_rms_norm_matmul");
-  require(z != nullptr, "gated_rms_norm_matmul", "null gate buffer");
-  cuda::GatedNormPrologue gated;
-  gated.z = z;
-  gated.gain = dense(gain);
-  gated.head_dim = static_cast<int>(dim);
-  gated.eps = eps;
-  cuda::gemv_batch(&target, 1, x, n, stream_, cuda::NormPrologue{}, gated, shift);
 }
 
 void CudaBackend::gated_delta_net_mixer(const GatedDeltaNetWeights& w,
@@ -647,169 +547,143 @@ void CudaBackend::gated_delta_net_mixer(const GatedDeltaNetWeights& w,
                                         float* conv_out, float* core_out, float* normed,
                                         float* y) {
   const cuda::DeltaNetShape d = delta_net_shape(dims, "gated_delta_net_mixer");
-  if (!fused_conv_ || n != 1 || !cuda::gated_delta_step_supports(d)) {
+  if (!options_.fused_conv || n != 1 || !cuda::gated_delta_step_supports(d)) {
     Backend::gated_delta_net_mixer(w, dims, eps, mixed, z, a, b, window, state, n, conv_out,
                                    core_out, normed, y);
     return;
   }
   // One token: the conv inside the delta rule's launch, which only reads the window; the
   // output projection's launch shifts it, after every block of the delta rule has read it.
-  check_dense(w.conv1d, d.channels() * dims.conv_kernel, "gated_delta_net_mixer");
-  check_dense(w.a_log, dims.value_heads, "gated_delta_net_mixer");
-  check_dense(w.dt_bias, dims.value_heads, "gated_delta_net_mixer");
-  require(mixed != nullptr && z != nullptr && a != nullptr && b != nullptr && window != nullptr &&
-              state != nullptr && core_out != nullptr && normed != nullptr && y != nullptr,
-          "gated_delta_net_mixer", "null buffer");
-  require(cuda::aligned16(state), "gated_delta_net_mixer", "needs a 16-byte aligned state");
+  // The arguments are checked as the four ops would check them.
+  const char* op = "gated_delta_net_mixer";
+  contract::check_conv1d_silu(mixed, window, w.conv1d, dims, 1, conv_out, op);
+  contract::check_gated_delta_rule(conv_out, a, b, w.a_log, w.dt_bias, state, dims, 1, core_out, op);
+  contract::check_gated_rms_norm(core_out, z, w.norm, dims.value_heads, dims.value_dim, normed, op);
+  contract::check_matmul(w.out_proj, 0, static_cast<int64_t>(w.out_proj.rows()), normed, 1, y, op);
+  require(cuda::aligned16(state), op, "needs a 16-byte aligned state");
+  ++counts_.fused_conv_delta;
   cuda::gated_delta_step(mixed, window, dense(w.conv1d), a, b, dense(w.a_log), dense(w.dt_bias),
-                         state, d, core_out, stream_);
+                         state, d, core_out, launch_);
+  // The gated norm, then the output projection, whose launch also shifts the window.
+  gated_rms_norm(core_out, z, w.norm, dims.value_heads, dims.value_dim, eps, normed);
+  const cuda::QuantMatrix& out_proj = quant(w.out_proj);
+  const cuda::GemvTarget target{out_proj, 0, out_proj.rows(), y};
   const cuda::WindowShift shift{mixed, window, d.channels(), d.conv_kernel};
-  gated_norm_projection(core_out, z, w.norm, dims.value_heads, dims.value_dim, eps, normed,
-                        w.out_proj, 1, y, shift);
+  cuda::gemv_batch(&target, 1, normed, 1, launch_, shift);
 }
 
 void CudaBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x,
                          int64_t n, float* y) {
+  contract::check_matmul(w, row_begin, rows, x, n, y);
   const cuda::QuantMatrix& m = quant(w);
-  check_matmul(m, w, row_begin, rows, x, n, y, "matmul");
-  if (n <= cuda::kGemvMaxTokens) {
-    cuda::gemv(m, row_begin, rows, x, n, y, stream_);
+  if (cuda::stream_gemv_applies(m, rows, x, n, stream_gemv_)) {
+    ++counts_.stream_gemv;
+    cuda::stream_gemv(m, row_begin, rows, x, y, stream_gemv_, launch_);
+  } else if (n <= cuda::kGemvMaxTokens) {
+    ++counts_.gemv;
+    cuda::gemv(m, row_begin, rows, x, n, y, launch_);
   } else {
-    cuda::gemm(m, row_begin, rows, x, n, y, *workspace_, stream_);
+    ++counts_.tensor_core_gemm;
+    cuda::gemm(m, row_begin, rows, x, n, y, *workspace_, launch_);
   }
 }
 
 void CudaBackend::rms_norm(const float* x, const DenseView& gain, int64_t n, int64_t dim,
                            float eps, float* out) {
-  check_dense(gain, dim, "rms_norm");
-  require(n > 0 && dim > 0 && x != nullptr && out != nullptr, "rms_norm", "needs rows and buffers");
-  cuda::rms_norm(x, dense(gain), n, dim, eps, out, stream_);
+  contract::check_rms_norm(x, gain, n, dim, out);
+  cuda::rms_norm(x, dense(gain), n, dim, eps, out, launch_);
 }
 
 void CudaBackend::add_rms_norm(float* residual, const float* delta, const DenseView& gain,
                                int64_t n, int64_t dim, float eps, float* out) {
-  check_dense(gain, dim, "add_rms_norm");
-  require(n > 0 && dim > 0 && residual != nullptr && delta != nullptr && out != nullptr,
-          "add_rms_norm", "needs rows and buffers");
-  cuda::add_rms_norm(residual, delta, dense(gain), n, dim, eps, out, stream_);
+  contract::check_add_rms_norm(residual, delta, gain, n, dim, out);
+  cuda::add_rms_norm(residual, delta, dense(gain), n, dim, eps, out, launch_);
 }
 
 void CudaBackend::gated_rms_norm(const float* x, const float* z, const DenseView& gain,
                                  int64_t rows, int64_t dim, float eps, float* out) {
-  check_dense(gain, dim, "gated_rms_norm");
-  require(rows > 0 && dim > 0 && x != nullptr && z != nullptr && out != nullptr, "gated_rms_norm",
-          "needs rows and buffers");
-  cuda::gated_rms_norm(x, z, dense(gain), rows, dim, eps, out, stream_);
+  contract::check_gated_rms_norm(x, z, gain, rows, dim, out);
+  cuda::gated_rms_norm(x, z, dense(gain), rows, dim, eps, out, launch_);
 }
-
-namespace {
-void check_position(SeqPos pos, int64_t n, int64_t capacity, const char* op) {
-  require(n > 0, op, "needs n > 0");
-  if (pos.device != nullptr) {
-    require(n == 1, op, "a device position needs n == 1 (one decode step)");
-  } else {
-    require(pos.host >= 0 && (capacity < 0 || pos.host + n <= capacity), op,
-            "positions [" + std::to_string(pos.host) + ", " + std::to_string(pos.host + n) +
-                ") exceed the KV cache capacity " + std::to_string(capacity));
-  }
-}
-}  // namespace
 
 void CudaBackend::attention_prepare(float* qg, float* k, const DenseView& q_norm,
                                     const DenseView& k_norm, const AttentionDims& dims,
                                     SeqPos start_pos, int64_t n, float eps) {
+  contract::check_attention_prepare(qg, k, q_norm, k_norm, dims, start_pos, n);
   const cuda::AttentionShape a = attention_shape(dims, "attention_prepare");
-  check_dense(q_norm, dims.head_dim, "attention_prepare");
-  check_dense(k_norm, dims.head_dim, "attention_prepare");
-  check_position(start_pos, n, -1, "attention_prepare");
-  require(qg != nullptr && k != nullptr, "attention_prepare", "null buffers");
   cuda::attention_prepare(qg, k, dense(q_norm), dense(k_norm), a, start_pos.host, start_pos.device,
-                          n, eps, stream_);
+                          n, eps, launch_);
 }
 
 void CudaBackend::attention(const float* qg, const float* k, const float* v, KvCacheView k_cache,
                             KvCacheView v_cache, int64_t capacity, const AttentionDims& dims,
                             SeqPos start_pos, int64_t n, float* out) {
+  contract::check_attention(qg, k, v, k_cache, v_cache, capacity, dims, start_pos, n, out);
   const cuda::AttentionShape a = attention_shape(dims, "attention");
-  require(capacity > 0, "attention", "needs capacity > 0");
-  check_position(start_pos, n, capacity, "attention");
-  require(qg != nullptr && k != nullptr && v != nullptr && k_cache.data != nullptr &&
-              v_cache.data != nullptr && out != nullptr,
-          "attention", "null buffers");
-  require(k_cache.dtype == v_cache.dtype, "attention",
-          std::string("keys and values must share one KV cache dtype, got ") +
-              kv_dtype_name(k_cache.dtype) + " keys and " + kv_dtype_name(v_cache.dtype) +
-              " values");
+  // The contract has checked the buffers and that keys and values share one dtype.
   const cuda::KvCaches caches{k_cache.data, v_cache.data,
                               k_cache.dtype == KvDtype::bf16 ? cuda::KvType::bf16 : cuda::KvType::f32};
   cuda::attention(qg, k, v, caches, capacity, a, start_pos.host, start_pos.device, n, out,
-                  *workspace_, stream_);
+                  *workspace_, launch_);
 }
 
 void CudaBackend::conv1d_silu(const float* mixed, float* window, const DenseView& weight,
                               const GatedDeltaNetDims& dims, int64_t n, float* out) {
+  contract::check_conv1d_silu(mixed, window, weight, dims, n, out);
   const cuda::DeltaNetShape d = delta_net_shape(dims, "conv1d_silu");
-  check_dense(weight, d.channels() * dims.conv_kernel, "conv1d_silu");
-  require(n > 0 && mixed != nullptr && window != nullptr && out != nullptr, "conv1d_silu",
-          "needs n > 0 and buffers");
-  cuda::conv1d_silu(mixed, window, dense(weight), d, n, out, stream_);
+  cuda::conv1d_silu(mixed, window, dense(weight), d, n, out, launch_);
 }
 
 void CudaBackend::gated_delta_rule(const float* conv, const float* a, const float* b,
                                    const DenseView& a_log, const DenseView& dt_bias, float* state,
                                    const GatedDeltaNetDims& dims, int64_t n, float* out) {
+  contract::check_gated_delta_rule(conv, a, b, a_log, dt_bias, state, dims, n, out);
   const cuda::DeltaNetShape d = delta_net_shape(dims, "gated_delta_rule");
-  check_dense(a_log, dims.value_heads, "gated_delta_rule");
-  check_dense(dt_bias, dims.value_heads, "gated_delta_rule");
-  require(n > 0 && conv != nullptr && a != nullptr && b != nullptr && state != nullptr &&
-              out != nullptr,
-          "gated_delta_rule", "needs n > 0 and buffers");
   // The one-token kernel moves the state as float4 rows (value_dim % 8 == 0 keeps every row
   // aligned once the base is; device allocations are 256-byte aligned).
   require(cuda::aligned16(state), "gated_delta_rule", "needs a 16-byte aligned state");
-  cuda::gated_delta_rule(conv, a, b, dense(a_log), dense(dt_bias), state, d, n, out, stream_);
+  cuda::gated_delta_rule(conv, a, b, dense(a_log), dense(dt_bias), state, d, n, out, launch_);
 }
 
 void CudaBackend::moe_route(const float* logits, int64_t n, int64_t experts, int64_t k,
                             int32_t* ids, float* weights) {
-  require(k > 0 && k <= experts && k <= 16 && experts <= 1024, "moe_route",
-          "needs 1 <= k <= min(experts, 16) and experts <= 1024");
-  require(n > 0 && logits != nullptr && ids != nullptr && weights != nullptr, "moe_route",
-          "needs n > 0 rows and non-null buffers");
-  cuda::moe_route(logits, n, experts, k, ids, weights, stream_);
+  contract::check_moe_route(logits, n, experts, k, ids, weights);
+  require(k <= 16 && experts <= 1024, "moe_route",
+          "needs k <= 16 and experts <= 1024, got k = " + std::to_string(k) + " and experts = " +
+              std::to_string(experts));
+  cuda::moe_route(logits, n, experts, k, ids, weights, launch_);
 }
 
 void CudaBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const float* x,
                                 const int32_t* ids, int64_t n, int64_t k, float* h) {
+  contract::check_expert_swiglu(gate, up, x, ids, n, k, h);
+  require(ids != nullptr || k == 1, "expert_swiglu",
+          "ids == nullptr (every slot expert 0) needs k == 1 on CUDA, got k = " + std::to_string(k));
   const cuda::QuantMatrix& g = quant(gate);
   const cuda::QuantMatrix& u = quant(up);
-  require(g.experts == u.experts && g.out == u.out && g.in == u.in, "expert_swiglu",
-          "gate " + gate.name + " and up " + up.name + " must have the same shape");
-  require(n > 0 && k > 0 && x != nullptr && h != nullptr, "expert_swiglu", "needs n, k > 0 and buffers");
-  require(ids != nullptr || k == 1, "expert_swiglu", "ids == nullptr (expert 0) needs k == 1");
   if (n <= cuda::kGemvMaxTokens) {
-    cuda::expert_swiglu_gemv(g, u, x, ids, n, k, h, stream_);
+    cuda::expert_swiglu_gemv(g, u, x, ids, n, k, h, launch_);
   } else {
-    cuda::expert_swiglu_grouped(g, u, x, ids, n, k, h, *workspace_, stream_);
+    ++counts_.grouped_moe;
+    cuda::expert_swiglu_grouped(g, u, x, ids, n, k, h, *workspace_, launch_);
   }
 }
 
 CudaBackend::SwigluMatrices CudaBackend::resolve_swiglu(const QuantView& gate,
                                                         const QuantView& up,
                                                         const QuantView& shared_gate,
-                                                        const QuantView& shared_up, int64_t n,
-                                                        const char* op) {
+                                                        const QuantView& shared_up, const float* x,
+                                                        const int32_t* ids, int64_t k, float* h,
+                                                        float* shared_h, int64_t n, const char* op) {
+  // Both SwiGLUs' arguments as expert_swiglu checks them (the unfused path is those two ops).
+  contract::check_expert_swiglu(gate, up, x, ids, n, k, h, op);
+  contract::check_expert_swiglu(shared_gate, shared_up, x, nullptr, n, 1, shared_h, op);
   const SwigluMatrices m{&quant(gate), &quant(up), &quant(shared_gate), &quant(shared_up),
                          false};
-  const bool fits = n <= cuda::kGemvMaxTokens && m.shared_gate->bits == m.gate->bits &&
-                    m.shared_up->bits == m.up->bits && m.shared_gate->in == m.gate->in &&
-                    m.shared_up->in == m.up->in;
-  if (!fits) return m;  // the unfused ops check the shapes
-  require(m.gate->experts == m.up->experts && m.gate->out == m.up->out && m.gate->in == m.up->in,
-          op, "gate " + gate.name + " and up " + up.name + " must have the same shape");
-  require(m.shared_gate->out == m.shared_up->out && m.shared_gate->in == m.shared_up->in, op,
-          "gate " + shared_gate.name + " and up " + shared_up.name + " must have the same shape");
-  return SwigluMatrices{m.gate, m.up, m.shared_gate, m.shared_up, true};
+  const bool fits = n <= cuda::kGemvMaxTokens && ids != nullptr &&
+                    m.shared_gate->bits == m.gate->bits && m.shared_up->bits == m.up->bits &&
+                    m.shared_gate->in == m.gate->in && m.shared_up->in == m.up->in;
+  return SwigluMatrices{m.gate, m.up, m.shared_gate, m.shared_up, fits};
 }
 
 void CudaBackend::expert_swiglu_with_shared(const QuantView& gate, const QuantView& up,
@@ -817,17 +691,16 @@ void CudaBackend::expert_swiglu_with_shared(const QuantView& gate, const QuantVi
                                             const QuantView& shared_gate,
                                             const QuantView& shared_up, float* shared_h,
                                             const float* x, int64_t n) {
-  const SwigluMatrices m =
-      resolve_swiglu(gate, up, shared_gate, shared_up, n, "expert_swiglu_with_shared");
+  const SwigluMatrices m = resolve_swiglu(gate, up, shared_gate, shared_up, x, ids, k, h, shared_h,
+                                          n, "expert_swiglu_with_shared");
   if (!m.fits) {  // prefill (grouped GEMMs), or shapes the fused kernel does not take
     expert_swiglu(gate, up, x, ids, n, k, h);
     expert_swiglu(shared_gate, shared_up, x, nullptr, n, 1, shared_h);
     return;
   }
-  require(n > 0 && k > 0 && x != nullptr && h != nullptr && ids != nullptr && shared_h != nullptr,
-          "expert_swiglu_with_shared", "needs n, k > 0, ids and buffers");
+  ++counts_.fused_swiglu_shared;
   cuda::expert_swiglu_shared_gemv(*m.gate, *m.up, ids, k, h, m.shared_gate, m.shared_up, shared_h,
-                                  x, n, stream_);
+                                  x, n, launch_);
 }
 
 void CudaBackend::route_expert_swiglu(const float* router_logits, int64_t experts, int64_t k,
@@ -835,7 +708,10 @@ void CudaBackend::route_expert_swiglu(const float* router_logits, int64_t expert
                                       const QuantView& up, float* h, const QuantView& shared_gate,
                                       const QuantView& shared_up, float* shared_h, const float* x,
                                       int64_t n, const QuantView* next_down) {
-  const SwigluMatrices m = resolve_swiglu(gate, up, shared_gate, shared_up, n, "route_expert_swiglu");
+  const char* op = "route_expert_swiglu";
+  contract::check_moe_route(router_logits, n, experts, k, ids, weights, op);
+  const SwigluMatrices m =
+      resolve_swiglu(gate, up, shared_gate, shared_up, x, ids, k, h, shared_h, n, op);
   // One launch for decode-sized steps of the model's shapes (see route_expert_swiglu_gemv);
   // otherwise the routing kernel, then the SwiGLU op.
   if (!m.fits || k > cuda::kMaxFusedRouteK || experts > cuda::kMaxFusedRouteExperts ||
@@ -844,44 +720,38 @@ void CudaBackend::route_expert_swiglu(const float* router_logits, int64_t expert
     expert_swiglu_with_shared(gate, up, ids, k, h, shared_gate, shared_up, shared_h, x, n);
     return;
   }
-  require(k > 0 && router_logits != nullptr && ids != nullptr && weights != nullptr,
-          "route_expert_swiglu", "needs k > 0 and routing buffers");
-  require(m.gate->experts == experts, "route_expert_swiglu",
+  require(m.gate->experts == experts, op,
           "gate " + gate.name + " has " + std::to_string(m.gate->experts) + " experts, the router " +
               std::to_string(experts));
-  require(n > 0 && x != nullptr && h != nullptr && shared_h != nullptr, "route_expert_swiglu",
-          "needs n > 0 and buffers");
   // The down projection's rows of the chosen experts head for L2 from inside the launch.
   const cuda::QuantMatrix* down = next_down != nullptr ? &quant(*next_down) : nullptr;
-  require(down == nullptr || down->experts == experts, "route_expert_swiglu",
+  require(down == nullptr || down->experts == experts, op,
           "next_down needs one matrix per expert");
+  ++counts_.fused_route_swiglu;
   cuda::route_expert_swiglu_gemv(router_logits, experts, ids, weights, *m.gate, *m.up, k, h,
-                                 *m.shared_gate, *m.shared_up, shared_h, x, n, down, stream_);
+                                 *m.shared_gate, *m.shared_up, shared_h, x, n, down, launch_);
 }
 
 void CudaBackend::expert_down_combine(const QuantView& down, const float* h, const int32_t* ids,
                                       const float* weights, int64_t n, int64_t k,
                                       const QuantView& shared_down, const float* shared_h,
                                       const float* shared_logit, float* out) {
+  contract::check_expert_down_combine(down, h, ids, weights, n, k, shared_down, shared_h,
+                                     shared_logit, out);
   const cuda::QuantMatrix& d = quant(down);
   const cuda::QuantMatrix& s = quant(shared_down);
-  require(d.out == s.out, "expert_down_combine",
-          "routed and shared down projections must have the same output width");
-  require(n > 0 && k > 0 && h != nullptr && ids != nullptr && weights != nullptr &&
-              shared_h != nullptr && shared_logit != nullptr && out != nullptr,
-          "expert_down_combine", "needs n, k > 0 and buffers");
   if (n <= cuda::kGemvMaxTokens) {
-    cuda::expert_down_combine_gemv(d, h, ids, weights, n, k, s, shared_h, shared_logit, out, stream_);
+    cuda::expert_down_combine_gemv(d, h, ids, weights, n, k, s, shared_h, shared_logit, out, launch_);
   } else {
+    ++counts_.grouped_moe;
     cuda::expert_down_combine_grouped(d, h, ids, weights, n, k, s, shared_h, shared_logit, out,
-                                      *workspace_, stream_);
+                                      *workspace_, launch_);
   }
 }
 
 void CudaBackend::argmax(const float* logits, int64_t n, int64_t vocab, int32_t* out) {
-  require(n > 0 && vocab > 0 && logits != nullptr && out != nullptr, "argmax",
-          "needs n > 0 rows of vocab > 0 logits");
-  cuda::argmax(logits, n, vocab, out, *workspace_, stream_);
+  contract::check_argmax(logits, n, vocab, out);
+  cuda::argmax(logits, n, vocab, out, *workspace_, launch_);
 }
 
 // The parameters live in device memory, where they cannot be checked without a round trip:
@@ -895,7 +765,7 @@ void CudaBackend::sample(const float* logits, int64_t vocab, const SamplerBuffer
   require(vocab >= 1 && vocab <= kMaxSamplerVocab, "sample",
           "vocab must be in [1, " + std::to_string(kMaxSamplerVocab) + "]");
   if (sampler_state_ == nullptr) sampler_state_ = device_alloc(cuda::sampler_state_bytes());
-  cuda::sample(logits, vocab, sampler, token_out, sampler_state_, *workspace_, stream_);
+  cuda::sample(logits, vocab, sampler, token_out, sampler_state_, *workspace_, launch_);
 }
 
 void CudaBackend::token_logprobs(const float* logits, int64_t vocab, const int32_t* token,
@@ -906,7 +776,7 @@ void CudaBackend::token_logprobs(const float* logits, int64_t vocab, const int32
           "vocab must be in [1, " + std::to_string(kMaxSamplerVocab) + "]");
   if (sampler_state_ == nullptr) sampler_state_ = device_alloc(cuda::sampler_state_bytes());
   cuda::token_logprobs(logits, vocab, token, sampler.params, record, sampler_state_, *workspace_,
-                       stream_);
+                       launch_);
 }
 
 }  // namespace lily

@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/cuda_options.h"
 
 namespace lily {
 
@@ -35,7 +36,7 @@ class CudaWorkspace final : public cuda::Workspace {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend();
+  explicit CudaBackend(const CudaOptions& options);
   ~CudaBackend() override;
   CudaBackend(const CudaBackend&) = delete;
   CudaBackend& operator=(const CudaBackend&) = delete;
@@ -77,12 +78,6 @@ class CudaBackend final : public Backend {
   void matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
               float* y) override;
   void matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t n) override;
-  void add_rms_norm_matmul_group(float* residual, const float* delta, const DenseView& gain,
-                                 int64_t n, int64_t dim, float eps, float* normed,
-                                 std::span<const MatmulTarget> targets) override;
-  void gated_rms_norm_matmul(const float* x, const float* z, const DenseView& gain, int64_t rows,
-                             int64_t dim, float eps, float* scratch, const QuantView& w,
-                             int64_t n, float* y) override;
   void gated_delta_net_mixer(const GatedDeltaNetWeights& w, const GatedDeltaNetDims& dims,
                              float eps, const float* mixed, const float* z, const float* a,
                              const float* b, float* window, float* state, int64_t n,
@@ -131,6 +126,9 @@ class CudaBackend final : public Backend {
 
   // Free and total device memory in bytes, now.
   void memory_info(size_t* free_bytes, size_t* total_bytes) const;
+  // The options it was built with, and how often each kernel path ran (cuda_options.h).
+  const CudaOptions& options() const { return options_; }
+  const CudaPathCounts& path_counts() const { return counts_; }
 
  private:
   friend class CudaDecodePlan;  // resolves weights and allocates through the backend
@@ -143,9 +141,9 @@ class CudaBackend final : public Backend {
   // kMaxGemvTargets weights, one bit width and input width).
   bool resolve_group(std::span<const MatmulTarget> targets, const float* x, int64_t n,
                      const char* op, cuda::GemvTarget (&batch)[cuda::kMaxGemvTargets]);
-  // The routed and shared expert matrices of a SwiGLU step. `fits` says whether one fused
-  // launch takes them (n <= kGemvMaxTokens, shared widths equal to the routed ones); then
-  // their shapes have been checked too.
+  // Checks a SwiGLU step's arguments as the two expert_swiglu calls would (the routed
+  // experts, the shared one) and resolves the matrices. `fits` says whether one fused launch
+  // takes them (n <= kGemvMaxTokens, ids given, shared widths equal to the routed ones).
   struct SwigluMatrices {
     const cuda::QuantMatrix* gate;
     const cuda::QuantMatrix* up;
@@ -155,16 +153,21 @@ class CudaBackend final : public Backend {
   };
   SwigluMatrices resolve_swiglu(const QuantView& gate, const QuantView& up,
                                 const QuantView& shared_gate, const QuantView& shared_up,
-                                int64_t n, const char* op);
+                                const float* x, const int32_t* ids, int64_t k, float* h,
+                                float* shared_h, int64_t n, const char* op);
   void lose_device(FaultSite site) override;
   bool capturing() const;
   void* device_alloc(size_t bytes);
-  // gated_rms_norm_matmul, with `shift` done by the projection's launch (n <= 8 then).
-  void gated_norm_projection(const float* x, const float* z, const DenseView& gain, int64_t rows,
-                             int64_t dim, float eps, float* scratch, const QuantView& w, int64_t n,
-                             float* y, const cuda::WindowShift& shift);
-
+  // options_.fused_conv: gated_delta_net_mixer with n == 1 runs the conv inside the delta
+  // rule's launch and shifts the window in the output projection's (cuda::gated_delta_step,
+  // cuda::WindowShift): one launch fewer per Gated DeltaNet layer.
+  CudaOptions options_;
+  CudaPathCounts counts_;  // counted at dispatch (cuda_options.h): eager and recorded calls
   cudaStream_t stream_ = nullptr;
+  // What the kernels launch on: stream_, PDL on where options_.pdl and the code allow it.
+  cuda::Stream launch_;
+  // The bulk-copy lm_head GEMV: on where options_.stream_gemv and the device allow it.
+  cuda::StreamGemvConfig stream_gemv_;
   std::string device_name_;
   // The device's compute capability and the code it runs (major * 10 + minor each): the
   // machine code's architecture and the PTX it came from (lower when JIT-compiled).
@@ -179,15 +182,6 @@ class CudaBackend final : public Backend {
   std::vector<cudaGraphExec_t> graphs_;
   cudaGraph_t capture_ = nullptr;
   int32_t* pinned_reads_ = nullptr;  // [2] pinned host i32, the read_async slots
-  // LILY_CUDA_FUSED_NORM=1: add_rms_norm_matmul_group and gated_rms_norm_matmul fold the norm
-  // into the projection's launch (cuda::NormPrologue, cuda::GatedNormPrologue). Off by
-  // default: tested on an H200 but measured no faster (docs/cuda.md).
-  bool fused_norm_ = false;
-  // On unless LILY_CUDA_FUSED_CONV=0: gated_delta_net_mixer with n == 1 runs the conv inside
-  // the delta rule's launch and shifts the window in the output projection's
-  // (cuda::gated_delta_step, cuda::WindowShift): one launch fewer per Gated DeltaNet layer.
-  bool fused_conv_ = true;
-  unsigned* norm_counter_ = nullptr;  // [1] device (in allocations_), zero between launches
   cudaEvent_t read_events_[2] = {nullptr, nullptr};
   // The sampler ops' zero-initialised device state (cuda::sampler_state_bytes, in
   // allocations_), allocated by the first sample or token_logprobs call (not during capture).

@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <string>
 
+#include "backend/cuda/cuda_ops.h"
+
 namespace lily::cuda {
 
 // Whether `status` leaves the CUDA context unusable for the rest of the process ("sticky"
@@ -45,10 +47,9 @@ bool poisons_context(cudaError_t status);
 // it once their main loop is done (the next kernel's blocks then land on SMs as this one's
 // finish). Calling it at the very start measured slower (273 vs 318 tok/s on an H200): the
 // next kernels' waiting blocks fill the SMs early and the chain of launches runs ahead.
-// Off for devices below 9.0 and when LILY_CUDA_PDL=0 (to measure what it buys); the
+// Whether the attribute is set comes from the Stream the backend passes (cuda_ops.h): off for
+// code built below sm_90 and with --cuda-disable pdl (to measure what it buys); the
 // instructions are no-ops then.
-bool pdl_enabled();
-void set_pdl_enabled(bool on);
 
 __device__ __forceinline__ void grid_dependency_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
@@ -68,10 +69,11 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// Launches `kernel` on `stream`, with the programmatic-serialization attribute when enabled.
+// Launches `kernel` on `stream`, with the programmatic-serialization attribute when
+// stream.pdl (counted in *stream.pdl_launches).
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
-            cudaStream_t stream, Args... args) {
+            const Stream& stream, Args... args) {
   cudaLaunchAttribute attribute = {};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
@@ -79,14 +81,15 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_byte
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
-  config.stream = stream;
+  config.stream = stream.handle;
   config.attrs = &attribute;
-  config.numAttrs = pdl_enabled() ? 1 : 0;
+  config.numAttrs = stream.pdl ? 1 : 0;
   const cudaError_t status = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
   if (status != cudaSuccess) {
     (void)cudaGetLastError();  // clear it, so that the next launch check does not report it again
     LILY_CUDA_CHECK(status);
   }
+  if (stream.pdl && stream.pdl_launches != nullptr) ++*stream.pdl_launches;
 }
 
 // An attribute of the current device, e.g. cudaDevAttrMultiProcessorCount (callers cache it:

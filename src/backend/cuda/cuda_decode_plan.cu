@@ -12,7 +12,7 @@ namespace lily {
 
 CudaDecodePlan::CudaDecodePlan(CudaBackend& backend, const ModelWeights& weights,
                                const DecodePlanShape& shape)
-    : backend_(backend), stream_(backend.stream_) {
+    : backend_(backend), stream_(backend.launch_) {
   moe_layers_.reserve(weights.layers.size());
   std::string unsupported;
   for (const LayerWeights& layer : weights.layers) {

@@ -29,7 +29,7 @@ class CudaDecodePlan final : public DecodePlan {
 
  private:
   CudaBackend& backend_;
-  cudaStream_t stream_;
+  cuda::Stream stream_;  // the backend's launch stream (its PDL choice, cuda_ops.h)
   // Per layer: the MoE block's matrices and norm gain in device memory (the rest of the
   // parameters are the model's buffers, filled in at each call).
   std::vector<cuda::MoeLayerParams> moe_layers_;

@@ -1,4 +1,4 @@
-// The CUDA kernels' launch functions: raw device pointers and one stream, no validation
+// The CUDA kernels' launch functions: raw device pointers and one Stream, no validation
 // (CudaBackend validates every argument before it calls these). One .cu file per group.
 #pragma once
 
@@ -12,6 +12,18 @@
 #include "backend/sampling.h"
 
 namespace lily::cuda {
+
+// Where and how the launch functions launch: the backend's stream, and whether its kernels
+// get the programmatic-serialization attribute (cuda_common.cuh, `launch`). The backend
+// builds it from its CudaOptions and the device; nothing else decides PDL. `pdl_launches`
+// (may be nullptr) counts the kernels launched with the attribute, host side (the backend's
+// CudaPathCounts). Converts to the cudaStream_t for runtime calls on the same stream.
+struct Stream {
+  cudaStream_t handle = nullptr;
+  bool pdl = false;
+  uint64_t* pdl_launches = nullptr;
+  operator cudaStream_t() const { return handle; }  // NOLINT: implicit on purpose
+};
 
 // An MLX affine Q4/Q8 weight (group 64) in device memory, uploaded from a QuantView.
 // Stacked experts are flattened: expert e's row r is row e * out + r.
@@ -59,7 +71,7 @@ enum WorkspaceSlot : int {
 inline constexpr int64_t kGemvMaxTokens = 8;
 // Activations the decode kernels stage per block in shared memory, at most: 40 KB, so that
 // the kernels' static shared memory fits beside it in the default 48 KB. Larger inputs are
-// read from global memory (or, for the fused norm prologues, not fused).
+// read from global memory.
 inline constexpr size_t kMaxStagedBytes = 40 * 1024;
 // Routing fused into the SwiGLU launch (route_expert_swiglu_gemv) takes k <= 16 and at most
 // 256 experts (8 per lane of the routing warp).
@@ -68,36 +80,43 @@ inline constexpr int64_t kMaxFusedRouteExperts = 32 * kFusedRouteLanes;
 inline constexpr int64_t kMaxFusedRouteK = 16;
 
 // out[t, :] = dequant(table row ids[t])                 ids [n] i32; out [n, in] f32
-void embed(const QuantMatrix& table, const int32_t* ids, int64_t n, float* out, cudaStream_t s);
+void embed(const QuantMatrix& table, const int32_t* ids, int64_t n, float* out, Stream s);
 
 // ---- cuda_faults.cu ---------------------------------------------------------------------
 // Test only (--test-fault ...:device): a kernel storing through a null pointer, which
 // poisons the context exactly as a kernel bug does; the error surfaces at the next sync.
-void launch_poison_context(cudaStream_t s);
+void launch_poison_context(Stream s);
 
 // y[t, r] = sum_c W[row_begin + r, c] x[t, c]            x [n, in] f32; y [n, rows] f32; n <= 8
+// The generic GEMV; CudaBackend::matmul takes stream_gemv instead where that applies.
 void gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
-          float* y, cudaStream_t s);
+          float* y, Stream s);
 
 // ---- stream_gemv.cu (gemv of one token over a tall Q4 matrix: lm_head) ------------------
-// gemv routes here when stream_gemv_applies: n == 1, Q4, in of 1024 or 2048, at least
-// kStreamGemvMinRows rows, 16-byte aligned buffers, the kernel enabled (CudaBackend does when
-// the code running on the device was built for compute capability 9.0+, for the bulk copies,
-// unless LILY_CUDA_STREAM_GEMV=0) and its tiles fitting the device's shared memory per block
-// (144 KB for in = 2048: an H100/H200 has 227 KB, sm_86/89/120 GPUs 99 KB).
-// Same contract and bit-identical results; persistent blocks keep tiles of rows in flight.
+// CudaBackend::matmul routes here when stream_gemv_applies: n == 1, Q4, in of 1024 or 2048, at
+// least kStreamGemvMinRows rows, 16-byte aligned buffers, the kernel enabled (the backend
+// enables it when the code running on the device was built for compute capability 9.0+, for
+// the bulk copies, unless --cuda-disable stream-gemv) and its tiles fitting the device's
+// shared memory per block (144 KB for in = 2048: an H100/H200 has 227 KB, sm_86/89/120 GPUs
+// 99 KB). Same contract as gemv and bit-identical results; persistent blocks keep tiles of
+// rows in flight.
 inline constexpr int64_t kStreamGemvMinRows = 32768;
-void set_stream_gemv_enabled(bool on, size_t max_shared_bytes_per_block);
+// The backend's choice for the kernel: enabled, and the device's opt-in shared memory per block.
+struct StreamGemvConfig {
+  bool enabled = false;
+  size_t max_shared_bytes = 0;
+};
 // Dynamic shared memory the kernel needs for rows of `in` values (1024 or 2048; 0 otherwise).
 size_t stream_gemv_shared_bytes(int64_t in);
 // Whether the kernel is enabled and its tiles for rows of `in` values fit the shared memory.
-bool stream_gemv_enabled_for(int64_t in);
+bool stream_gemv_enabled_for(int64_t in, const StreamGemvConfig& config);
 // Whether the kernel's body is in the code the device runs: built for sm_90 or newer (a
 // device JIT-compiling the compute_80 PTX gets an empty kernel, so it must stay off there).
 bool stream_gemv_built_for_device();
-bool stream_gemv_applies(const QuantMatrix& w, int64_t rows, const float* x, int64_t n);
+bool stream_gemv_applies(const QuantMatrix& w, int64_t rows, const float* x, int64_t n,
+                         const StreamGemvConfig& config);
 void stream_gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, float* y,
-                 cudaStream_t s);
+                 const StreamGemvConfig& config, Stream s);
 
 // Several projections of one input in one launch (the decode fusions: GDN qkv|z|a|b,
 // attention q|k|v, router|shared-expert gate). For each target, as gemv. Every target has the
@@ -109,28 +128,6 @@ struct GemvTarget {
   float* y = nullptr;  // [n, rows] f32
 };
 inline constexpr int kMaxGemvTargets = 4;
-// Optional prologue of a batch with n <= 2 tokens: the input is not read from x but formed
-// from the residual stream, as add_rms_norm would: v = residual + delta,
-// x = v / sqrt(mean(v^2) + eps) * gain, staged per block. The last block to finish staging
-// (an atomic count in *counter, which it resets to 0) writes v back to residual and x to
-// normed, for the later ops; no block reads residual after that point.
-struct NormPrologue {
-  float* residual = nullptr;     // [n, in] f32, updated; nullptr: no prologue
-  const float* delta = nullptr;  // [n, in] f32
-  const float* gain = nullptr;   // [in] f32
-  float eps = 0.0f;
-  float* normed = nullptr;       // [n, in] f32 out
-  unsigned* counter = nullptr;   // zero before the launch; zero again after it
-};
-// Optional prologue (n <= 2 tokens): the input is the gated RMSNorm of x, per head of
-// head_dim values, as gated_rms_norm: x_h / sqrt(mean(x_h^2) + eps) * gain * silu(z_h).
-// (The Gated DeltaNet output going into its output projection.) Nothing is written back.
-struct GatedNormPrologue {
-  const float* z = nullptr;     // [n, in] f32; nullptr: no prologue
-  const float* gain = nullptr;  // [head_dim] f32
-  int head_dim = 0;             // 128 in the model: a multiple of 4, at most 128
-  float eps = 0.0f;
-};
 // Optional side job of a batch (any n): after the wait, the launch's threads shift a conv
 // window by one token, as conv1d_silu does for n = 1: window row j <- row j + 1 for
 // j < K-2, row K-2 <- mixed (one token's inputs). For gated_delta_step, whose window update
@@ -141,21 +138,19 @@ struct WindowShift {
   int64_t channels = 0;
   int conv_kernel = 0;           // K, 2..8
 };
-void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s,
-                const NormPrologue& norm = NormPrologue{},
-                const GatedNormPrologue& gated = GatedNormPrologue{},
+void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n, Stream s,
                 const WindowShift& shift = WindowShift{});
 
 // out[t] = index of the largest logit (lowest index on ties; NaN never wins over a number,
 // where the CPU's strict scan would keep a NaN at index 0: a difference only for NaN logits).
 // logits [n, vocab] f32; out [n] i32
 void argmax(const float* logits, int64_t n, int64_t vocab, int32_t* out, Workspace& ws,
-            cudaStream_t s);
+            Stream s);
 
 // h[t, j, :] = silu(G_e x[t]) * U_e x[t], e = ids[t, j] (ids == nullptr: e = 0), n <= 8.
 // x [n, in] f32; ids [n, k] i32 (device); h [n, k, I] f32 with I = gate.out
 void expert_swiglu_gemv(const QuantMatrix& gate, const QuantMatrix& up, const float* x,
-                        const int32_t* ids, int64_t n, int64_t k, float* h, cudaStream_t s);
+                        const int32_t* ids, int64_t n, int64_t k, float* h, Stream s);
 
 // expert_swiglu_gemv for the routed experts and, in the same launch, the shared expert:
 // shared_h [n, S] = silu(Gs x) * Us x. The shared matrices need the routed ones' bit widths and
@@ -163,7 +158,7 @@ void expert_swiglu_gemv(const QuantMatrix& gate, const QuantMatrix& up, const fl
 void expert_swiglu_shared_gemv(const QuantMatrix& gate, const QuantMatrix& up, const int32_t* ids,
                                int64_t k, float* h, const QuantMatrix* shared_gate,
                                const QuantMatrix* shared_up, float* shared_h, const float* x,
-                               int64_t n, cudaStream_t s);
+                               int64_t n, Stream s);
 
 // moe_route (logits [n, E] -> ids, weights [n, k]) fused into expert_swiglu_shared_gemv: one
 // launch routes, gathers the routed experts and runs the shared expert. n <= 8, k <= 16,
@@ -174,42 +169,42 @@ void route_expert_swiglu_gemv(const float* logits, int64_t experts, int32_t* ids
                               const QuantMatrix& gate, const QuantMatrix& up, int64_t k, float* h,
                               const QuantMatrix& shared_gate, const QuantMatrix& shared_up,
                               float* shared_h, const float* x, int64_t n,
-                              const QuantMatrix* next_down, cudaStream_t s);
+                              const QuantMatrix* next_down, Stream s);
 
 // out[t] = sum_j weights[t, j] D_{ids[t,j]} h[t, j] + sigmoid(shared_logit[t]) D_s shared_h[t], n <= 8
 // h [n, k, I]; ids, weights [n, k]; shared_h [n, S]; shared_logit [n]; out [n, H] (H = down.out)
 void expert_down_combine_gemv(const QuantMatrix& down, const float* h, const int32_t* ids,
                               const float* weights, int64_t n, int64_t k,
                               const QuantMatrix& shared_down, const float* shared_h,
-                              const float* shared_logit, float* out, cudaStream_t s);
+                              const float* shared_logit, float* out, Stream s);
 
 // ---- quant_gemm.cu, moe_grouped.cu (prefill: many tokens, tensor cores) -----------------
 // Same contract as gemv, any n >= 1: dequantised BF16 weight tiles x BF16 activations on
 // tensor cores, f32 accumulation.
 void gemm(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
-          float* y, Workspace& ws, cudaStream_t s);
+          float* y, Workspace& ws, Stream s);
 
 // Same contracts as the _gemv versions, any n >= 1: the n*k (token, expert) pairs are sorted
 // by expert on the device (no host round trip) and each expert's tokens run as one GEMM.
 void expert_swiglu_grouped(const QuantMatrix& gate, const QuantMatrix& up, const float* x,
                            const int32_t* ids, int64_t n, int64_t k, float* h, Workspace& ws,
-                           cudaStream_t s);
+                           Stream s);
 void expert_down_combine_grouped(const QuantMatrix& down, const float* h, const int32_t* ids,
                                  const float* weights, int64_t n, int64_t k,
                                  const QuantMatrix& shared_down, const float* shared_h,
                                  const float* shared_logit, float* out, Workspace& ws,
-                                 cudaStream_t s);
+                                 Stream s);
 
 // ---- norms.cu -------------------------------------------------------------------------
 // out = x / sqrt(mean(x^2) + eps) * gain                x, out [n, dim]; gain [dim] f32
 void rms_norm(const float* x, const float* gain, int64_t n, int64_t dim, float eps, float* out,
-              cudaStream_t s);
+              Stream s);
 // residual += delta; out = rms_norm(residual)           residual, delta, out [n, dim]
 void add_rms_norm(float* residual, const float* delta, const float* gain, int64_t n, int64_t dim,
-                  float eps, float* out, cudaStream_t s);
+                  float eps, float* out, Stream s);
 // out = rms_norm(x) * gain * silu(z) per row            x, z, out [rows, dim]; gain [dim] f32
 void gated_rms_norm(const float* x, const float* z, const float* gain, int64_t rows, int64_t dim,
-                    float eps, float* out, cudaStream_t s);
+                    float eps, float* out, Stream s);
 
 // ---- attention.cu ----------------------------------------------------------------------
 struct AttentionShape {
@@ -226,7 +221,7 @@ struct AttentionShape {
 // then RoPE at positions pos + t.
 void attention_prepare(float* qg, float* k, const float* q_norm, const float* k_norm,
                        const AttentionShape& a, int64_t pos_host, const int32_t* pos_device,
-                       int64_t n, float eps, cudaStream_t s);
+                       int64_t n, float eps, Stream s);
 // The two KV caches of an attention layer, [capacity, kv_heads, head_dim] each, of one
 // element type: f32, or bf16 (__nv_bfloat16, written with round-to-nearest-even).
 enum class KvType { f32, bf16 };
@@ -243,7 +238,7 @@ struct KvCaches {
 // a graph is captured) and never touch rows >= capacity.
 void attention(const float* qg, const float* k, const float* v, const KvCaches& caches,
                int64_t capacity, const AttentionShape& a, int64_t pos_host,
-               const int32_t* pos_device, int64_t n, float* out, Workspace& ws, cudaStream_t s);
+               const int32_t* pos_device, int64_t n, float* out, Workspace& ws, Stream s);
 
 // ---- gated_delta_net.cu, moe_route.cu --------------------------------------------------
 struct DeltaNetShape {
@@ -258,13 +253,13 @@ struct DeltaNetShape {
 // mixed, out [n, C]; window [K-1, C] (oldest first) updated; weight f32 [C, K] (tap K-1
 // multiplies the current token).
 void conv1d_silu(const float* mixed, float* window, const float* weight, const DeltaNetShape& d,
-                 int64_t n, float* out, cudaStream_t s);
+                 int64_t n, float* out, Stream s);
 // Gated delta rule over n tokens in order (see Backend::gated_delta_rule).
 // conv [n, C] = q | k | v; a, b [n, value_heads]; a_log, dt_bias f32 [value_heads];
 // state [value_heads, key_dim, value_dim] f32 (updated); out [n, value_heads, value_dim]
 void gated_delta_rule(const float* conv, const float* a, const float* b, const float* a_log,
                       const float* dt_bias, float* state, const DeltaNetShape& d, int64_t n,
-                      float* out, cudaStream_t s);
+                      float* out, Stream s);
 // One token of conv1d_silu fused into the one-token gated delta rule, one launch: mixed [C]
 // is this token's projection, window [K-1, C] is read and NOT updated (the caller shifts it
 // with a WindowShift on a later launch, after every block of this one has read it), weight
@@ -273,11 +268,11 @@ inline constexpr int kFusedConvKernel = 4;  // the model's conv_kernel
 bool gated_delta_step_supports(const DeltaNetShape& d);
 void gated_delta_step(const float* mixed, const float* window, const float* conv_weight,
                       const float* a, const float* b, const float* a_log, const float* dt_bias,
-                      float* state, const DeltaNetShape& d, float* out, cudaStream_t s);
+                      float* state, const DeltaNetShape& d, float* out, Stream s);
 // softmax over E logits, top-k (ties: lower id first), weights renormalised to sum 1.
 // logits [n, E]; ids [n, k] i32; weights [n, k]
 void moe_route(const float* logits, int64_t n, int64_t experts, int64_t k, int32_t* ids,
-               float* weights, cudaStream_t s);
+               float* weights, Stream s);
 
 // ---- moe_layer.cu (the decode plan's MoE block: one persistent launch per layer) --------
 // One token: residual += delta; normed = rms_norm(residual) * norm_gain; the router and
@@ -318,7 +313,7 @@ std::string moe_layer_unsupported(const MoeLayerParams& p);
 // occupancy calculator x SMs); 0 when none fits.
 int moe_layer_grid(const MoeLayerParams& p);
 size_t moe_layer_shared_bytes(const MoeLayerParams& p);
-void moe_layer(const MoeLayerParams& p, int grid, cudaStream_t s);
+void moe_layer(const MoeLayerParams& p, int grid, Stream s);
 
 // ---- sampler.cu -------------------------------------------------------------------------
 // The sampler ops' device state that must start zeroed (counters, a histogram): the backend
@@ -330,10 +325,10 @@ size_t sampler_state_bytes();
 // vocab in [1, kMaxSamplerVocab]; parameters as sampler_params_error accepts (the host checks
 // them before they are uploaded; out-of-contract values are memory-safe but unspecified).
 void sample(const float* logits, int64_t vocab, const SamplerBuffers& sampler, int32_t* token_out,
-            void* state, Workspace& ws, cudaStream_t s);
+            void* state, Workspace& ws, Stream s);
 // Backend::token_logprobs: record [TokenRecordLayout::kWords] i32 for *token (< vocab) with
 // n = params->top_logprobs (clamped to 0..20) from params [kSamplerParamWords].
 void token_logprobs(const float* logits, int64_t vocab, const int32_t* token, const int32_t* params,
-                    int32_t* record, void* state, Workspace& ws, cudaStream_t s);
+                    int32_t* record, void* state, Workspace& ws, Stream s);
 
 }  // namespace lily::cuda

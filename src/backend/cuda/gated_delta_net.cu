@@ -100,7 +100,7 @@ __global__ void __launch_bounds__(kConvThreads, 1)
 
 template <int K>
 void launch_conv(const float* mixed, float* window, const float* weight, int64_t C, int64_t n,
-                 float* out, cudaStream_t s) {
+                 float* out, Stream s) {
   const auto tiles = static_cast<unsigned>((n + kConvTile - 1) / kConvTile);
   const auto col_blocks = static_cast<unsigned>((C + kConvThreads - 1) / kConvThreads);
   const bool single = tiles == 1;
@@ -344,7 +344,7 @@ __global__ void __launch_bounds__(CG * L, 1)
 template <int Dk, int CG, int L>
 void launch_delta(const float* conv, const float* a, const float* b, const float* a_log,
                   const float* dt_bias, float* state, const DeltaNetShape& d, int64_t n,
-                  float q_scale, float* out, cudaStream_t s) {
+                  float q_scale, float* out, Stream s) {
   const dim3 grid(static_cast<unsigned>(d.value_heads), static_cast<unsigned>(d.value_dim / CG));
   launch(gated_delta_rule_kernel<Dk, CG, L>, grid, CG * L, 0, s, conv, a, b, a_log, dt_bias, state,
          d.key_heads, d.value_heads, d.value_dim, static_cast<int>(n), q_scale, out);
@@ -551,7 +551,7 @@ __global__ void __launch_bounds__(kDecodeThreads)
 template <int Dk, int K = 0>
 void launch_delta_decode(const float* conv, const float* a, const float* b, const float* a_log,
                          const float* dt_bias, float* state, const DeltaNetShape& d, float q_scale,
-                         float* out, cudaStream_t s, const FusedConv& fused = FusedConv{}) {
+                         float* out, Stream s, const FusedConv& fused = FusedConv{}) {
   const dim3 grid(static_cast<unsigned>(d.value_heads),
                   static_cast<unsigned>((d.value_dim + kDecodeCols - 1) / kDecodeCols));
   launch(gated_delta_decode_kernel<Dk, K>, grid, kDecodeThreads, 0, s, conv, fused, a, b, a_log,
@@ -564,7 +564,7 @@ void launch_delta_decode(const float* conv, const float* a, const float* b, cons
 template <int Dk>
 void dispatch_delta(const float* conv, const float* a, const float* b, const float* a_log,
                     const float* dt_bias, float* state, const DeltaNetShape& d, int64_t n,
-                    float q_scale, float* out, cudaStream_t s) {
+                    float q_scale, float* out, Stream s) {
   if (n == 1) {
     launch_delta_decode<Dk>(conv, a, b, a_log, dt_bias, state, d, q_scale, out, s);
   } else if (n > kChunk && d.value_dim % 32 == 0) {
@@ -577,7 +577,7 @@ void dispatch_delta(const float* conv, const float* a, const float* b, const flo
 }  // namespace
 
 void conv1d_silu(const float* mixed, float* window, const float* weight, const DeltaNetShape& d,
-                 int64_t n, float* out, cudaStream_t s) {
+                 int64_t n, float* out, Stream s) {
   const int64_t C = d.channels();
   if (n <= 0 || C <= 0) return;
   switch (d.conv_kernel) {
@@ -615,7 +615,7 @@ bool gated_delta_step_supports(const DeltaNetShape& d) {
 
 void gated_delta_step(const float* mixed, const float* window, const float* conv_weight,
                       const float* a, const float* b, const float* a_log, const float* dt_bias,
-                      float* state, const DeltaNetShape& d, float* out, cudaStream_t s) {
+                      float* state, const DeltaNetShape& d, float* out, Stream s) {
   check_delta_shape(d, "gated_delta_step");
   if (!gated_delta_step_supports(d)) {
     throw std::invalid_argument("cuda::gated_delta_step: needs conv_kernel " +
@@ -640,7 +640,7 @@ void gated_delta_step(const float* mixed, const float* window, const float* conv
 
 void gated_delta_rule(const float* conv, const float* a, const float* b, const float* a_log,
                       const float* dt_bias, float* state, const DeltaNetShape& d, int64_t n,
-                      float* out, cudaStream_t s) {
+                      float* out, Stream s) {
   if (n <= 0) return;
   check_delta_shape(d, "gated_delta_rule");
   const float q_scale = query_scale(d);

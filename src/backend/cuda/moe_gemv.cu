@@ -231,7 +231,7 @@ __global__ void __launch_bounds__(kMoeThreads)
 
 template <int BitsG, int BitsU>
 void launch_swiglu(const SwigluSet& routed, const SwigluSet& shared, const FusedRoute& route,
-                   const float* x, cudaStream_t s) {
+                   const float* x, Stream s) {
   const int64_t chunks = routed.gate.in / Chunk<BitsG>::kValues > routed.up.in / Chunk<BitsU>::kValues
                              ? routed.gate.in / Chunk<BitsG>::kValues
                              : routed.up.in / Chunk<BitsU>::kValues;
@@ -397,7 +397,7 @@ __global__ void __launch_bounds__(kMoeThreads)
 template <int BitsD, int BitsS>
 void launch_down(const QuantMatrix& down, const float* h, const int32_t* ids,
                  const float* weights, int64_t n, int64_t k, const QuantMatrix& shared_down,
-                 const float* shared_h, const float* shared_logit, float* out, cudaStream_t s) {
+                 const float* shared_h, const float* shared_logit, float* out, Stream s) {
   const int64_t rows_per_block = (kMoeThreads / 32) * kDownRows;
   const dim3 grid(static_cast<unsigned>((down.out + rows_per_block - 1) / rows_per_block),
                   static_cast<unsigned>(n));
@@ -425,7 +425,7 @@ namespace {
 void swiglu_sets(const QuantMatrix& gate, const QuantMatrix& up, const int32_t* ids, int64_t k,
                  float* h, const QuantMatrix* shared_gate, const QuantMatrix* shared_up,
                  float* shared_h, const FusedRoute& route, const float* x, int64_t n,
-                 cudaStream_t s) {
+                 Stream s) {
   if (n <= 0 || k <= 0 || gate.out <= 0) return;
   check_bits(gate.bits, "expert_swiglu_gemv");
   check_bits(up.bits, "expert_swiglu_gemv");
@@ -448,7 +448,7 @@ void swiglu_sets(const QuantMatrix& gate, const QuantMatrix& up, const int32_t* 
 }  // namespace
 
 void expert_swiglu_gemv(const QuantMatrix& gate, const QuantMatrix& up, const float* x,
-                        const int32_t* ids, int64_t n, int64_t k, float* h, cudaStream_t s) {
+                        const int32_t* ids, int64_t n, int64_t k, float* h, Stream s) {
   expert_swiglu_shared_gemv(gate, up, ids, k, h, nullptr, nullptr, nullptr, x, n, s);
 }
 
@@ -456,7 +456,7 @@ void route_expert_swiglu_gemv(const float* logits, int64_t experts, int32_t* ids
                               const QuantMatrix& gate, const QuantMatrix& up, int64_t k, float* h,
                               const QuantMatrix& shared_gate, const QuantMatrix& shared_up,
                               float* shared_h, const float* x, int64_t n,
-                              const QuantMatrix* next_down, cudaStream_t s) {
+                              const QuantMatrix* next_down, Stream s) {
   if (n > kGemvMaxTokens || k > kMaxFusedRouteK || experts > kMaxFusedRouteExperts ||
       k > experts) {
     throw std::invalid_argument(
@@ -470,14 +470,14 @@ void route_expert_swiglu_gemv(const float* logits, int64_t experts, int32_t* ids
 void expert_swiglu_shared_gemv(const QuantMatrix& gate, const QuantMatrix& up, const int32_t* ids,
                                int64_t k, float* h, const QuantMatrix* shared_gate,
                                const QuantMatrix* shared_up, float* shared_h, const float* x,
-                               int64_t n, cudaStream_t s) {
+                               int64_t n, Stream s) {
   swiglu_sets(gate, up, ids, k, h, shared_gate, shared_up, shared_h, FusedRoute{}, x, n, s);
 }
 
 void expert_down_combine_gemv(const QuantMatrix& down, const float* h, const int32_t* ids,
                               const float* weights, int64_t n, int64_t k,
                               const QuantMatrix& shared_down, const float* shared_h,
-                              const float* shared_logit, float* out, cudaStream_t s) {
+                              const float* shared_logit, float* out, Stream s) {
   if (n <= 0 || down.out <= 0) return;
   if (n > 65535) throw std::invalid_argument("cuda::expert_down_combine_gemv: n too large");
   check_bits(down.bits, "expert_down_combine_gemv");

@@ -107,7 +107,7 @@ __global__ void moe_scatter_kernel(const int32_t* __restrict__ ids, int64_t pair
 }
 
 void sort_pairs(const int32_t* ids, int64_t pairs, int64_t experts, const SortBuffers& b, float* zero_rows,
-                int64_t width, cudaStream_t s) {
+                int64_t width, Stream s) {
   LILY_CUDA_CHECK(cudaMemsetAsync(b.counts, 0, static_cast<size_t>(experts) * sizeof(int), s));
   const auto blocks = static_cast<unsigned>((pairs + 255) / 256);
   moe_histogram_kernel<<<blocks, 256, 0, s>>>(ids, pairs, static_cast<int>(experts), b.counts);
@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(kThreads, 2) grouped_gemm_kernel(const Grouped
 }
 
 template <int BITS, bool SWIGLU>
-void launch_grouped(const GroupedParams& p, int64_t pairs, cudaStream_t s) {
+void launch_grouped(const GroupedParams& p, int64_t pairs, Stream s) {
   constexpr int kSmem = Tile<kGroupBM>::kSmemBytes;
   allow_smem<grouped_gemm_kernel<BITS, SWIGLU>>(kSmem);
   const int64_t max_tiles = (pairs + kGroupBM - 1) / kGroupBM + std::min<int64_t>(p.experts, pairs);
@@ -235,7 +235,7 @@ void launch_grouped(const GroupedParams& p, int64_t pairs, cudaStream_t s) {
 }
 
 template <bool SWIGLU>
-void launch_grouped_bits(int bits, const GroupedParams& p, int64_t pairs, cudaStream_t s) {
+void launch_grouped_bits(int bits, const GroupedParams& p, int64_t pairs, Stream s) {
   if (bits == 4) {
     launch_grouped<4, SWIGLU>(p, pairs, s);
   } else {
@@ -263,7 +263,7 @@ __global__ void moe_combine_kernel(const float* __restrict__ ed, const int32_t* 
 }  // namespace
 
 void expert_swiglu_grouped(const QuantMatrix& gate, const QuantMatrix& up, const float* x, const int32_t* ids,
-                           int64_t n, int64_t k, float* h, Workspace& ws, cudaStream_t s) {
+                           int64_t n, int64_t k, float* h, Workspace& ws, Stream s) {
   if (n <= 0 || k <= 0) return;
   if (gate.bits != up.bits) throw std::invalid_argument("expert_swiglu_grouped: gate and up bits differ");
   const int64_t pairs = n * k;
@@ -292,7 +292,7 @@ void expert_swiglu_grouped(const QuantMatrix& gate, const QuantMatrix& up, const
 
 void expert_down_combine_grouped(const QuantMatrix& down, const float* h, const int32_t* ids, const float* weights,
                                  int64_t n, int64_t k, const QuantMatrix& shared_down, const float* shared_h,
-                                 const float* shared_logit, float* out, Workspace& ws, cudaStream_t s) {
+                                 const float* shared_logit, float* out, Workspace& ws, Stream s) {
   if (n <= 0 || k <= 0) return;
   const int64_t pairs = n * k;
   const int64_t E = down.experts;

@@ -640,7 +640,7 @@ int moe_layer_grid(const MoeLayerParams& p) {
   return per_sm * sm_count();
 }
 
-void moe_layer(const MoeLayerParams& p, int grid, cudaStream_t s) {
+void moe_layer(const MoeLayerParams& p, int grid, Stream s) {
   const size_t bytes = moe_layer_shared_bytes(p);
   if (p.router.bits == 8) {
     launch(moe_layer_kernel<8, 4>, static_cast<unsigned>(grid), kThreads, bytes, s, p);

@@ -44,7 +44,7 @@ __global__ void __launch_bounds__(kRowsPerBlock * 32, 1)
 
 template <int M>
 void launch_route(const float* logits, int64_t n, int64_t E, int64_t k, int32_t* ids,
-                  float* weights, cudaStream_t s) {
+                  float* weights, Stream s) {
   const auto blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
   launch(moe_route_kernel<M>, blocks, kRowsPerBlock * 32, 0, s, logits, n, static_cast<int>(E),
          static_cast<int>(k), ids, weights);
@@ -53,7 +53,7 @@ void launch_route(const float* logits, int64_t n, int64_t E, int64_t k, int32_t*
 }  // namespace
 
 void moe_route(const float* logits, int64_t n, int64_t experts, int64_t k, int32_t* ids,
-               float* weights, cudaStream_t s) {
+               float* weights, Stream s) {
   if (n <= 0) return;
   if (experts < 1 || experts > kMaxExperts || k < 1 || k > experts || k > 32) {
     throw std::invalid_argument("cuda::moe_route: needs 1 <= k <= min(experts, 32), experts <= 1024");

@@ -174,7 +174,7 @@ __global__ void __launch_bounds__(kBlockThreads)
 
 template <NormKind kKind>
 void launch_norm(float* x, const float* delta, const float* z, const float* gain, int64_t rows,
-            int64_t dim, float eps, float* out, cudaStream_t s) {
+            int64_t dim, float eps, float* out, Stream s) {
   if (rows <= 0 || dim <= 0) return;
   const bool vec = dim % 4 == 0 && aligned16(x) && aligned16(delta) && aligned16(z) &&
                    aligned16(gain) && aligned16(out);
@@ -198,18 +198,18 @@ void launch_norm(float* x, const float* delta, const float* z, const float* gain
 }  // namespace
 
 void rms_norm(const float* x, const float* gain, int64_t n, int64_t dim, float eps, float* out,
-              cudaStream_t s) {
+              Stream s) {
   // The plain kernel never writes x (only the add kind does).
   launch_norm<NormKind::plain>(const_cast<float*>(x), nullptr, nullptr, gain, n, dim, eps, out, s);
 }
 
 void add_rms_norm(float* residual, const float* delta, const float* gain, int64_t n, int64_t dim,
-                  float eps, float* out, cudaStream_t s) {
+                  float eps, float* out, Stream s) {
   launch_norm<NormKind::add>(residual, delta, nullptr, gain, n, dim, eps, out, s);
 }
 
 void gated_rms_norm(const float* x, const float* z, const float* gain, int64_t rows, int64_t dim,
-                    float eps, float* out, cudaStream_t s) {
+                    float eps, float* out, Stream s) {
   launch_norm<NormKind::gated>(const_cast<float*>(x), nullptr, z, gain, rows, dim, eps, out, s);
 }
 

@@ -109,7 +109,7 @@ __global__ void __launch_bounds__(kThreads, 2) dense_gemm_kernel(const DensePara
 }
 
 template <int BM, int BITS>
-void launch_dense(const DenseParams& p, cudaStream_t s) {
+void launch_dense(const DenseParams& p, Stream s) {
   constexpr int kSmem = Tile<BM>::kSmemBytes;
   allow_smem<dense_gemm_kernel<BM, BITS>>(kSmem);
   const auto m_tiles = static_cast<unsigned>((p.n + BM - 1) / BM);
@@ -121,7 +121,7 @@ void launch_dense(const DenseParams& p, cudaStream_t s) {
 
 }  // namespace
 
-void split_act(const float* x, int64_t rows, int64_t K, __nv_bfloat16* dst, cudaStream_t s) {
+void split_act(const float* x, int64_t rows, int64_t K, __nv_bfloat16* dst, Stream s) {
   if (rows <= 0 || K <= 0) return;
   const int64_t items = rows * (K / 64);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((items + 7) / 8, 8192));  // 8 warps a block
@@ -132,7 +132,7 @@ void split_act(const float* x, int64_t rows, int64_t K, __nv_bfloat16* dst, cuda
 }  // namespace gemm_detail
 
 void gemm(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, int64_t n, float* y,
-          Workspace& ws, cudaStream_t s) {
+          Workspace& ws, Stream s) {
   using namespace gemm_detail;
   if (n <= 0 || rows <= 0) return;
   auto* xb = static_cast<__nv_bfloat16*>(ws.get(kWsGemm, align256(static_cast<size_t>(n * act_ld(w.in)) * 2)));

@@ -373,7 +373,7 @@ __device__ __forceinline__ void mainloop(const __nv_bfloat16* const (&a_src)[BM 
 // Host: the split activation copy of `rows` rows of K f32 values (x row-major, stride K,
 // K % 64 == 0) into dst (rows * act_ld(K) BF16 elements, 16-byte aligned): per row hi = bf16(x),
 // lo = bf16(x - hi), and the f32 sum of x over each 64-column group. Defined in quant_gemm.cu.
-void split_act(const float* x, int64_t rows, int64_t K, __nv_bfloat16* dst, cudaStream_t s);
+void split_act(const float* x, int64_t rows, int64_t K, __nv_bfloat16* dst, Stream s);
 
 // Host: opt kernel K into `bytes` of dynamic shared memory (once per kernel; a host-side
 // attribute, not a stream operation).

@@ -50,8 +50,6 @@ struct GemvBatch {
   GemvTarget target[kMaxGemvTargets];
   unsigned block_end[kMaxGemvTargets] = {};
   int count = 0;
-  NormPrologue norm;  // active when norm.residual != nullptr (kShared kernels only)
-  GatedNormPrologue gated;  // active when gated.z != nullptr (kShared kernels only)
   WindowShift shift;        // active when shift.window != nullptr
 };
 
@@ -65,111 +63,6 @@ __device__ void shift_window(const WindowShift& w) {
     }
     w.window[(w.conv_kernel - 2) * w.channels + c] = w.mixed[c];
   }
-}
-
-// The GatedNormPrologue: stages gated_rms_norm(x, z) for NT tokens of `in` values, one warp
-// per head of head_dim <= 128 values (one float4 per lane), swizzled for SharedActs.
-template <int Bits, int NT>
-__device__ void stage_gated_normed(const GatedNormPrologue& p, const float* x, int64_t in,
-                                   float4* staged) {
-  constexpr int F = Chunk<Bits>::kValues / 4;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int quads_per_head = p.head_dim / 4;
-  const int64_t heads = NT * in / p.head_dim;
-  for (int64_t h = threadIdx.x / 32; h < heads; h += kGemvThreads / 32) {
-    const bool mine = lane < quads_per_head;
-    const int64_t f = h * quads_per_head + lane;  // flat float4 index over [NT, in]
-    float4 v = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (mine) v = __ldg(reinterpret_cast<const float4*>(x) + f);
-    float sum_sq = 0.0f;
-    sum_sq = fmaf(v.x, v.x, sum_sq);
-    sum_sq = fmaf(v.y, v.y, sum_sq);
-    sum_sq = fmaf(v.z, v.z, sum_sq);
-    sum_sq = fmaf(v.w, v.w, sum_sq);
-    const float inv = 1.0f / sqrtf(warp_sum(sum_sq) / static_cast<float>(p.head_dim) + p.eps);
-    if (!mine) continue;
-    const float4 g = __ldg(reinterpret_cast<const float4*>(p.gain) + lane);
-    const float4 z = __ldg(reinterpret_cast<const float4*>(p.z) + f);
-    float4 o = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
-    o.x *= z.x * sigmoidf_(z.x);  // silu as the CPU forms it: z * sigmoid(z)
-    o.y *= z.y * sigmoidf_(z.y);
-    o.z *= z.z * sigmoidf_(z.z);
-    o.w *= z.w * sigmoidf_(z.w);
-    staged[gemv_detail::swizzled_float4<Bits>(f / F, static_cast<int>(f % F))] = o;
-  }
-}
-
-// Sum of one value per thread over the block (kGemvThreads); every thread gets the total,
-// summed in the same order in every block.
-__device__ __forceinline__ float gemv_block_sum(float v) {
-  __shared__ float partial[kGemvThreads / 32];
-  v = warp_sum(v);
-  __syncthreads();  // partial may still be read from a previous call
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float total = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kGemvThreads / 32; ++w) total += partial[w];
-  return total;
-}
-
-// The NormPrologue: stages rms_norm(residual + delta) * gain for NT tokens of `in` values
-// (in % 4 == 0, 16-byte aligned rows: the launcher checks), swizzled for SharedActs. The
-// last block to stage also writes residual and normed.
-template <int Bits, int NT>
-__device__ void stage_normed(const NormPrologue& p, int64_t in, float4* staged) {
-  constexpr int F = Chunk<Bits>::kValues / 4;
-  const int64_t quads = in / 4;
-  float inv[NT];
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    const auto* r = reinterpret_cast<const float4*>(p.residual + t * in);
-    const auto* d = reinterpret_cast<const float4*>(p.delta + t * in);
-    float sum_sq = 0.0f;
-    for (int64_t q = threadIdx.x; q < quads; q += kGemvThreads) {
-      const float4 a = r[q];
-      const float4 b = __ldg(d + q);
-      const float4 v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-      sum_sq = fmaf(v.x, v.x, sum_sq);
-      sum_sq = fmaf(v.y, v.y, sum_sq);
-      sum_sq = fmaf(v.z, v.z, sum_sq);
-      sum_sq = fmaf(v.w, v.w, sum_sq);
-    }
-    inv[t] = 1.0f / sqrtf(gemv_block_sum(sum_sq) / static_cast<float>(in) + p.eps);
-  }
-  // The normalised values, staged (the second read of residual and delta hits L1/L2).
-  const auto form = [&](int t, int64_t q, float4& v) {
-    const float4 a = reinterpret_cast<const float4*>(p.residual + t * in)[q];
-    const float4 b = __ldg(reinterpret_cast<const float4*>(p.delta + t * in) + q);
-    v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-    const float4 g = __ldg(reinterpret_cast<const float4*>(p.gain) + q);
-    return make_float4(v.x * inv[t] * g.x, v.y * inv[t] * g.y, v.z * inv[t] * g.z,
-                       v.w * inv[t] * g.w);
-  };
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    for (int64_t q = threadIdx.x; q < quads; q += kGemvThreads) {
-      float4 v;
-      const int64_t f = t * quads + q;  // flat float4 index: chunk f / F, float4 f % F
-      staged[gemv_detail::swizzled_float4<Bits>(f / F, static_cast<int>(f % F))] = form(t, q, v);
-    }
-  }
-  // Every block has read residual once its count is in: the last one may overwrite it.
-  __shared__ bool last;
-  __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(p.counter, 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-#pragma unroll
-  for (int t = 0; t < NT; ++t) {
-    for (int64_t q = threadIdx.x; q < quads; q += kGemvThreads) {
-      float4 v;
-      const float4 o = form(t, q, v);
-      reinterpret_cast<float4*>(p.residual + t * in)[q] = v;
-      reinterpret_cast<float4*>(p.normed + t * in)[q] = o;
-    }
-  }
-  if (threadIdx.x == 0) *p.counter = 0;  // for the next launch (stream order)
 }
 
 // For each target: y[t, r] = W[row_begin + r] . x[t] for r < rows, t < NT.
@@ -241,13 +134,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
   // the n = 8 variant.)
   if constexpr (kShared) {
     extern __shared__ float4 staged[];
-    if (batch.norm.residual != nullptr) {
-      stage_normed<Bits, NT>(batch.norm, w.in, staged);
-    } else if (batch.gated.z != nullptr) {
-      stage_gated_normed<Bits, NT>(batch.gated, x, w.in, staged);
-    } else {
-      gemv_detail::stage_acts<Bits>(x, NT * w.in, x_vec, 0, staged);
-    }
+    gemv_detail::stage_acts<Bits>(x, NT * w.in, x_vec, 0, staged);
     __syncthreads();
     if (!live) return;  // after the wait and the block's sync
     const gemv_detail::SharedActs acts{staged};
@@ -276,15 +163,12 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
 }
 
 template <int Bits, int NT, int kRows>
-void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, cudaStream_t s,
-                      const NormPrologue& norm, const GatedNormPrologue& gated,
+void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, Stream s,
                       const WindowShift& shift) {
   const int lanes = gemv_detail::lanes_for_chunks(targets[0].w.in / Chunk<Bits>::kValues);
   const int64_t rows_per_block = (kGemvThreads / 32) * (32 / lanes) * kRows;
   GemvBatch batch;
   batch.count = count;
-  batch.norm = norm;
-  batch.gated = gated;
   batch.shift = shift;
   int64_t blocks = 0;
   for (int i = 0; i < count; ++i) {
@@ -302,16 +186,12 @@ void launch_gemv_rows(const GemvTarget* targets, int count, const float* x, cuda
                     kGemvThreads, act_bytes, s, batch, x, lanes, aligned16(x));
     }
   }
-  if (norm.residual != nullptr || gated.z != nullptr) {
-    throw std::invalid_argument("cuda::gemv_batch: a norm prologue needs n <= 2 and staged activations");
-  }
   launch(gemv_kernel<Bits, NT, kRows, false>, static_cast<unsigned>(blocks), kGemvThreads, 0, s,
          batch, x, lanes, aligned16(x));
 }
 
 template <int Bits, int NT>
-void launch_gemv(const GemvTarget* targets, int count, const float* x, cudaStream_t s,
-                 const NormPrologue& norm, const GatedNormPrologue& gated,
+void launch_gemv(const GemvTarget* targets, int count, const float* x, Stream s,
                  const WindowShift& shift) {
   if constexpr (kGemvRows<NT> == 8) {
     const int lanes = gemv_detail::lanes_for_chunks(targets[0].w.in / Chunk<Bits>::kValues);
@@ -321,27 +201,26 @@ void launch_gemv(const GemvTarget* targets, int count, const float* x, cudaStrea
     const auto blocks_at = [&](int r) { return (rows + segments_per_block * r - 1) / (segments_per_block * r); };
     if (blocks_at(8) < sm_count()) {
       if (blocks_at(2) >= sm_count()) {
-        return launch_gemv_rows<Bits, NT, 2>(targets, count, x, s, norm, gated, shift);
+        return launch_gemv_rows<Bits, NT, 2>(targets, count, x, s, shift);
       }
-      return launch_gemv_rows<Bits, NT, 1>(targets, count, x, s, norm, gated, shift);
+      return launch_gemv_rows<Bits, NT, 1>(targets, count, x, s, shift);
     }
   }
-  launch_gemv_rows<Bits, NT, kGemvRows<NT>>(targets, count, x, s, norm, gated, shift);
+  launch_gemv_rows<Bits, NT, kGemvRows<NT>>(targets, count, x, s, shift);
 }
 
 template <int Bits>
-void gemv_bits(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s,
-               const NormPrologue& norm, const GatedNormPrologue& gated,
+void gemv_bits(const GemvTarget* targets, int count, const float* x, int64_t n, Stream s,
                const WindowShift& shift) {
   switch (n) {
-    case 1: return launch_gemv<Bits, 1>(targets, count, x, s, norm, gated, shift);
-    case 2: return launch_gemv<Bits, 2>(targets, count, x, s, norm, gated, shift);
-    case 3: return launch_gemv<Bits, 3>(targets, count, x, s, norm, gated, shift);
-    case 4: return launch_gemv<Bits, 4>(targets, count, x, s, norm, gated, shift);
-    case 5: return launch_gemv<Bits, 5>(targets, count, x, s, norm, gated, shift);
-    case 6: return launch_gemv<Bits, 6>(targets, count, x, s, norm, gated, shift);
-    case 7: return launch_gemv<Bits, 7>(targets, count, x, s, norm, gated, shift);
-    case 8: return launch_gemv<Bits, 8>(targets, count, x, s, norm, gated, shift);
+    case 1: return launch_gemv<Bits, 1>(targets, count, x, s, shift);
+    case 2: return launch_gemv<Bits, 2>(targets, count, x, s, shift);
+    case 3: return launch_gemv<Bits, 3>(targets, count, x, s, shift);
+    case 4: return launch_gemv<Bits, 4>(targets, count, x, s, shift);
+    case 5: return launch_gemv<Bits, 5>(targets, count, x, s, shift);
+    case 6: return launch_gemv<Bits, 6>(targets, count, x, s, shift);
+    case 7: return launch_gemv<Bits, 7>(targets, count, x, s, shift);
+    case 8: return launch_gemv<Bits, 8>(targets, count, x, s, shift);
     default:
       throw std::invalid_argument("cuda::gemv: n = " + std::to_string(n) + " outside 1..8");
   }
@@ -484,8 +363,7 @@ __global__ void __launch_bounds__(kArgmaxThreads)
 
 }  // namespace
 
-void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n, cudaStream_t s,
-                const NormPrologue& norm, const GatedNormPrologue& gated,
+void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n, Stream s,
                 const WindowShift& shift) {
   if (n <= 0 || count <= 0) return;
   if (shift.window != nullptr &&
@@ -493,23 +371,6 @@ void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n,
     throw std::invalid_argument(
         "cuda::gemv_batch: a window shift needs its token's inputs, channels > 0 and a conv "
         "kernel of 2..8");
-  }
-  if (gated.z != nullptr &&
-      (n > 2 || norm.residual != nullptr || gated.gain == nullptr || gated.head_dim <= 0 ||
-       gated.head_dim % 4 != 0 || gated.head_dim > 128 || targets[0].w.in % gated.head_dim != 0 ||
-       !aligned16(x) || !aligned16(gated.z) ||
-       !aligned16(gated.gain))) {
-    throw std::invalid_argument(
-        "cuda::gemv_batch: the gated norm prologue needs n <= 2, head_dim a multiple of 4 up "
-        "to 128 dividing the input width, and 16-byte aligned buffers");
-  }
-  if (norm.residual != nullptr &&
-      (n > 2 || norm.delta == nullptr || norm.gain == nullptr || norm.normed == nullptr ||
-       norm.counter == nullptr || targets[0].w.in % 4 != 0 ||
-       !aligned16(norm.residual) || !aligned16(norm.delta) ||
-       !aligned16(norm.gain) || !aligned16(norm.normed))) {
-    throw std::invalid_argument(
-        "cuda::gemv_batch: the norm prologue needs n <= 2, all its buffers, 16-byte alignment");
   }
   if (count > kMaxGemvTargets) {
     throw std::invalid_argument("cuda::gemv_batch: more than " + std::to_string(kMaxGemvTargets) +
@@ -523,23 +384,22 @@ void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n,
     }
   }
   if (targets[0].w.bits == 4) {
-    gemv_bits<4>(targets, count, x, n, s, norm, gated, shift);
+    gemv_bits<4>(targets, count, x, n, s, shift);
   } else if (targets[0].w.bits == 8) {
-    gemv_bits<8>(targets, count, x, n, s, norm, gated, shift);
+    gemv_bits<8>(targets, count, x, n, s, shift);
   } else {
     throw std::invalid_argument("cuda::gemv: bits must be 4 or 8");
   }
 }
 
 void gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
-          float* y, cudaStream_t s) {
+          float* y, Stream s) {
   if (rows <= 0 || n <= 0) return;
-  if (stream_gemv_applies(w, rows, x, n)) return stream_gemv(w, row_begin, rows, x, y, s);
   const GemvTarget target{w, row_begin, rows, y};
   gemv_batch(&target, 1, x, n, s);
 }
 
-void embed(const QuantMatrix& table, const int32_t* ids, int64_t n, float* out, cudaStream_t s) {
+void embed(const QuantMatrix& table, const int32_t* ids, int64_t n, float* out, Stream s) {
   if (n <= 0) return;
   if (table.bits != 4 && table.bits != 8) {
     throw std::invalid_argument("cuda::embed: bits must be 4 or 8");
@@ -548,7 +408,7 @@ void embed(const QuantMatrix& table, const int32_t* ids, int64_t n, float* out, 
 }
 
 void argmax(const float* logits, int64_t n, int64_t vocab, int32_t* out, Workspace& ws,
-            cudaStream_t s) {
+            Stream s) {
   if (n <= 0 || vocab <= 0) return;
   if (vocab > INT32_MAX) throw std::invalid_argument("cuda::argmax: vocab exceeds i32 indices");
   // About one pass of kArgmaxSpan values per block (248,320 logits -> 122 blocks a row); very

@@ -1301,7 +1301,7 @@ int64_t spans_of(int64_t vocab) { return (vocab + kSpan - 1) / kSpan; }
 size_t sampler_state_bytes() { return sizeof(StateBlock); }
 
 void sample(const float* logits, int64_t vocab, const SamplerBuffers& sampler, int32_t* token_out,
-            void* state, Workspace& ws, cudaStream_t s) {
+            void* state, Workspace& ws, Stream s) {
   const int64_t G = spans_of(vocab);
   const Scratch sc(ws.get(kWsSampler, Scratch::bytes(vocab, G)), vocab, G);
   const SampleArgs a{logits, reinterpret_cast<const SamplerParams*>(sampler.params), sampler.counts,
@@ -1314,7 +1314,7 @@ void sample(const float* logits, int64_t vocab, const SamplerBuffers& sampler, i
 }
 
 void token_logprobs(const float* logits, int64_t vocab, const int32_t* token, const int32_t* params,
-                    int32_t* record, void* state, Workspace& ws, cudaStream_t s) {
+                    int32_t* record, void* state, Workspace& ws, Stream s) {
   const int64_t G = spans_of(vocab);
   const LogprobScratch sc(ws.get(kWsLogprobs, LogprobScratch::bytes(G)), G);
   launch(logprobs_kernel, static_cast<unsigned>(G), kThreads, 0, s, logits, vocab,

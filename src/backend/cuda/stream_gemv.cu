@@ -1,5 +1,4 @@
 // The one-token GEMV of a tall Q4 matrix (lm_head, 248,320 x 2048) streamed through shared memory with bulk copies.
-#include <atomic>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -211,7 +210,7 @@ __global__ void __launch_bounds__(kStreamThreads, 1)
 
 template <int kChunksPerLane>
 void launch_stream(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, float* y,
-                   cudaStream_t s) {
+                   Stream s) {
   constexpr size_t kBytes = static_cast<size_t>(kStages) * TileLayout<kChunksPerLane>::kStageBytes;
   static const bool configured = [] {
     LILY_CUDA_CHECK(cudaFuncSetAttribute(stream_gemv_kernel<kChunksPerLane>,
@@ -226,15 +225,7 @@ void launch_stream(const QuantMatrix& w, int64_t row_begin, int64_t rows, const 
          s, w, row_begin, rows, x, y);
 }
 
-std::atomic<bool> g_stream_gemv{false};
-std::atomic<size_t> g_max_shared_bytes{0};
-
 }  // namespace
-
-void set_stream_gemv_enabled(bool on, size_t max_shared_bytes_per_block) {
-  g_stream_gemv.store(on, std::memory_order_relaxed);
-  g_max_shared_bytes.store(max_shared_bytes_per_block, std::memory_order_relaxed);
-}
 
 size_t stream_gemv_shared_bytes(int64_t in) {
   if (in == 1024) return static_cast<size_t>(kStages) * TileLayout<1>::kStageBytes;
@@ -250,25 +241,27 @@ bool stream_gemv_built_for_device() {
   return attributes.ptxVersion >= 90;
 }
 
-bool stream_gemv_enabled_for(int64_t in) {
+bool stream_gemv_enabled_for(int64_t in, const StreamGemvConfig& config) {
   const size_t bytes = stream_gemv_shared_bytes(in);
-  return g_stream_gemv.load(std::memory_order_relaxed) && bytes != 0 &&
-         bytes <= g_max_shared_bytes.load(std::memory_order_relaxed);
+  return config.enabled && bytes != 0 && bytes <= config.max_shared_bytes;
 }
 
-bool stream_gemv_applies(const QuantMatrix& w, int64_t rows, const float* x, int64_t n) {
-  return n == 1 && w.bits == 4 && stream_gemv_enabled_for(w.in) && rows >= kStreamGemvMinRows &&
-         aligned16(x) && aligned16(w.codes) && aligned16(w.scales) && aligned16(w.biases);
+bool stream_gemv_applies(const QuantMatrix& w, int64_t rows, const float* x, int64_t n,
+                         const StreamGemvConfig& config) {
+  return n == 1 && w.bits == 4 && stream_gemv_enabled_for(w.in, config) &&
+         rows >= kStreamGemvMinRows && aligned16(x) && aligned16(w.codes) && aligned16(w.scales) &&
+         aligned16(w.biases);
 }
 
 void stream_gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, float* y,
-                 cudaStream_t s) {
-  if (!stream_gemv_applies(w, rows, x, 1) || row_begin < 0 || row_begin + rows > w.experts * w.out) {
+                 const StreamGemvConfig& config, Stream s) {
+  if (!stream_gemv_applies(w, rows, x, 1, config) || row_begin < 0 ||
+      row_begin + rows > w.experts * w.out) {
     throw std::invalid_argument(
         "cuda::stream_gemv: needs one token, Q4 rows of 1024 or 2048 values, at least " +
         std::to_string(kStreamGemvMinRows) + " rows inside the matrix, 16-byte aligned buffers "
         "and the kernel enabled (code built for sm_90+, its tiles fitting the shared memory, "
-        "not LILY_CUDA_STREAM_GEMV=0)");
+        "not --cuda-disable stream-gemv)");
   }
   if (w.in == 1024) {
     launch_stream<1>(w, row_begin, rows, x, y, s);

@@ -145,51 +145,6 @@ TEST(BackendMatmul, GroupRunsEveryTargetOnTheSameInput) {
   EXPECT_THROW(be->matmul_group(null_weight, x.data(), 1), std::invalid_argument);
 }
 
-TEST(BackendMatmul, AddNormThenGroupIsTheTwoOps) {
-  Rng rng(58);
-  auto be = cpu(2);
-  const QuantWeight w(rng, 4, 1, 12, 128, 0, "w");
-  const DenseTensor gain(DType::BF16, {128}, rng.uniform_vector(128, 0.5f, 1.5f), "norm");
-  const int64_t n = 2;
-  const std::vector<float> residual0 = rng.uniform_vector(n * 128, -3.0f, 3.0f);
-  const std::vector<float> delta = rng.uniform_vector(n * 128, -1.0f, 1.0f);
-  std::vector<float> residual = residual0;
-  std::vector<float> normed(n * 128, 1e30f);
-  std::vector<float> y(n * 12, 1e30f);
-  const MatmulTarget targets[] = {{&w.view(), 0, 12, y.data()}};
-  be->add_rms_norm_matmul_group(residual.data(), delta.data(), gain.view(), n, 128, 1e-6f,
-                                normed.data(), targets);
-  std::vector<float> want_residual = residual0;
-  std::vector<float> want_normed(n * 128, 1e30f);
-  be->add_rms_norm(want_residual.data(), delta.data(), gain.view(), n, 128, 1e-6f,
-                   want_normed.data());
-  EXPECT_EQ(residual, want_residual);
-  EXPECT_EQ(normed, want_normed);
-  EXPECT_LT(report("add_rms_norm_matmul_group", "projection of the normed input", y,
-                   ref::matmul(w.view(), 0, 12, widen(want_normed), n)).normalised,
-            kTol);
-}
-
-TEST(BackendMatmul, GatedNormThenOutputProjectionIsTheTwoOps) {
-  Rng rng(59);
-  auto be = cpu(2);
-  const QuantWeight w(rng, 4, 1, 10, 256, 0, "out_proj");
-  const DenseTensor gain(DType::F32, {64}, rng.uniform_vector(64, 0.5f, 1.5f), "norm");
-  const int64_t n = 2;  // 2 tokens x 4 heads of 64
-  const std::vector<float> x = rng.uniform_vector(n * 256, -2.0f, 2.0f);
-  const std::vector<float> z = rng.uniform_vector(n * 256, -3.0f, 3.0f);
-  std::vector<float> scratch(n * 256, 1e30f);
-  std::vector<float> y(n * 10, 1e30f);
-  be->gated_rms_norm_matmul(x.data(), z.data(), gain.view(), n * 4, 64, 1e-6f, scratch.data(),
-                            w.view(), n, y.data());
-  std::vector<float> normed(n * 256, 1e30f);
-  be->gated_rms_norm(x.data(), z.data(), gain.view(), n * 4, 64, 1e-6f, normed.data());
-  EXPECT_EQ(scratch, normed);
-  EXPECT_LT(report("gated_rms_norm_matmul", "projection of the gated norm", y,
-                   ref::matmul(w.view(), 0, 10, widen(normed), n)).normalised,
-            kTol);
-}
-
 TEST(BackendRmsNorm, RandomRowsBf16AndF32Gains) {
   Rng rng(21);
   auto be = cpu();

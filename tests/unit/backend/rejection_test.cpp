@@ -1,4 +1,4 @@
-// CPU backend argument validation: each op throws std::invalid_argument for what it cannot serve.
+// CPU backend argument validation: each op throws std::invalid_argument for what it cannot serve (the contract's exact messages: op_contract_test.cpp).
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -113,13 +113,22 @@ TEST(BackendRejects, AttentionOnABf16CacheOnTheCpu) {
   std::vector<float> k_f32(4 * 2 * 64);
   std::vector<uint16_t> v_bf16(k_f32.size());
   std::vector<float> out(4 * 64);
+  // Keys and values of two dtypes break the shared contract (op_contract.cpp)...
   try {
     be->attention(qg.data(), k.data(), v.data(), k_f32.data(), KvCacheView::bf16(v_bf16.data()), 4,
                   d, 0, 1, out.data());
-    ADD_FAILURE() << "a bf16 value cache was accepted";
+    ADD_FAILURE() << "a bf16 value cache next to f32 keys was accepted";
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("f32 KV caches only, got f32 keys and bf16 values"),
-              std::string::npos)
+    EXPECT_STREQ(e.what(), "attention: v_cache dtype is bf16, expected the keys' dtype f32");
+  }
+  // ...and bf16 caches of both kinds are the CPU backend's own refusal.
+  std::vector<uint16_t> k_bf16(k_f32.size());
+  try {
+    be->attention(qg.data(), k.data(), v.data(), KvCacheView::bf16(k_bf16.data()),
+                  KvCacheView::bf16(v_bf16.data()), 4, d, 0, 1, out.data());
+    ADD_FAILURE() << "bf16 caches were accepted by the CPU backend";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("f32 KV caches only, got bf16"), std::string::npos)
         << e.what();
   }
   EXPECT_FALSE(be->serves_kv_cache(KvDtype::bf16));
@@ -160,13 +169,18 @@ TEST(BackendRejects, Conv1dSiluWrongWeight) {
   const DenseTensor weight(DType::BF16, {C, 4, 1}, std::vector<float>(C * 4, 0.1f));
   const DenseTensor short_weight(DType::BF16, {C, 3, 1}, std::vector<float>(C * 3, 0.1f));
   const DenseTensor f32_weight(DType::F32, {C, 4, 1}, std::vector<float>(C * 4, 0.1f));
+  DenseView f16_weight = f32_weight.view();  // F16 is neither of the two tensor types
+  f16_weight.dtype = DType::F16;
+  f16_weight.nbytes = C * 4 * 2;
   std::vector<float> mixed(C, 1.0f);
   std::vector<float> window(3 * C);
   std::vector<float> out(C);
   EXPECT_NO_THROW(be->conv1d_silu(mixed.data(), window.data(), weight.view(), d, 1, out.data()));
   EXPECT_THROW(be->conv1d_silu(mixed.data(), window.data(), short_weight.view(), d, 1, out.data()),
                std::invalid_argument);
-  EXPECT_THROW(be->conv1d_silu(mixed.data(), window.data(), f32_weight.view(), d, 1, out.data()),
+  // F32 taps are served, as every dense tensor of the contract (op_contract.h) may be F32.
+  EXPECT_NO_THROW(be->conv1d_silu(mixed.data(), window.data(), f32_weight.view(), d, 1, out.data()));
+  EXPECT_THROW(be->conv1d_silu(mixed.data(), window.data(), f16_weight, d, 1, out.data()),
                std::invalid_argument);
   GatedDeltaNetDims kernel_one = d;
   kernel_one.conv_kernel = 1;

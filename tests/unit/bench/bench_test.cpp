@@ -166,6 +166,16 @@ TEST(BenchReport, CarriesEveryFieldAndTheSummaryLine) {
   EXPECT_NE(line.find("digest=" + digest_hex(m.digest)), std::string::npos) << line;
   EXPECT_NE(line.find("prefill: 24 tok"), std::string::npos) << line;
   EXPECT_NE(line.find("| KV cache f32"), std::string::npos) << line;
+  // The CPU has no CUDA options; a CUDA run records the ones it was built with.
+  EXPECT_TRUE(r["device"]["cuda_options"].is_null());
+  EXPECT_EQ(r["device"]["code_path"], "");
+  context.backend = "cuda";
+  context.code_path = "compute capability 9.0, sm_90 machine code; ...";
+  context.cuda_options = CudaOptions::disabling("stream-gemv");
+  const Json c = bench_report(context, m, tiny.checkpoint);
+  EXPECT_EQ(c["device"]["cuda_options"],
+            (Json{{"pdl", true}, {"stream_gemv", false}, {"fused_conv", true}}));
+  EXPECT_EQ(c["device"]["code_path"], context.code_path);
 }
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_options.h"
 #include "checkpoint_fixtures.h"
 
 namespace lily {
@@ -27,6 +28,48 @@ TEST(CliDevice, UnknownDeviceIsRefusedBeforeLoading) {
     EXPECT_EQ(r.exit_code, 2) << command;
     EXPECT_NE(r.err.find("--device is \"tpu\", expected auto, cpu or cuda"), std::string::npos)
         << r.err;
+  }
+}
+
+TEST(CudaOptions, DisablingTurnsOffTheNamedPathsOnly) {
+  EXPECT_EQ(CudaOptions{}.describe(), "pdl on, stream-gemv on, fused-conv on");
+  EXPECT_EQ(CudaOptions::disabling("").describe(), "pdl on, stream-gemv on, fused-conv on");
+  EXPECT_EQ(CudaOptions::disabling("pdl").describe(), "pdl off, stream-gemv on, fused-conv on");
+  EXPECT_EQ(CudaOptions::disabling("fused-conv,stream-gemv").describe(),
+            "pdl on, stream-gemv off, fused-conv off");
+  EXPECT_FALSE(CudaOptions::disabling("pdl,stream-gemv,fused-conv").all_on());
+  for (const char* bad : {"bogus", "pdl,", ",pdl", "pdl,,fused-conv", "PDL", "pdl stream-gemv"}) {
+    try {
+      CudaOptions::disabling(bad);
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("expected a comma-separated list of pdl, stream-gemv, "
+                                           "fused-conv"),
+                std::string::npos)
+          << bad << ": " << e.what();
+    }
+  }
+  EXPECT_THROW(CudaOptions::disabling("pdl,pdl"), std::invalid_argument);
+}
+
+// --cuda-disable on run, bench and serve: an unknown path is refused before loading, naming
+// the valid ones; with --device cpu any list is refused (LILY_CUDA_DISABLE and the config
+// key: cli_sources_test.cpp).
+TEST(CliDevice, CudaDisableIsCheckedBeforeLoading) {
+  for (const char* command :
+       {"run --prompt-ids 1", "bench --prompt-len 4 --json-out /dev/null", "serve"}) {
+    const RunResult bad = run_lily(std::string(command) + " --model /nonexistent --cuda-disable pdl,tma");
+    EXPECT_EQ(bad.exit_code, 2) << command;
+    EXPECT_NE(bad.err.find("--cuda-disable is \"pdl,tma\": unknown CUDA path \"tma\", expected a "
+                           "comma-separated list of pdl, stream-gemv, fused-conv"),
+              std::string::npos)
+        << command << ": " << bad.err;
+    const RunResult cpu =
+        run_lily(std::string(command) + " --model /nonexistent --device cpu --cuda-disable pdl");
+    EXPECT_EQ(cpu.exit_code, 2) << command;
+    EXPECT_NE(cpu.err.find("--cuda-disable applies to the CUDA backend, not --device cpu"),
+              std::string::npos)
+        << command << ": " << cpu.err;
   }
 }
 

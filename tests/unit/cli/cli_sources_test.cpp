@@ -25,7 +25,7 @@ constexpr const char* kNoModel = "/nonexistent/lily-cli-sources-model";
 const char* const kVariables[] = {"LILY_MODEL",       "LILY_BIND",       "LILY_MAX_SEQ",
                                   "LILY_STRICT",      "LILY_CONFIG",     "LILY_DEVICE",
                                   "LILY_TEST_SCRIPT", "LILY_NO_AUTH",    "LILY_API_KEY",
-                                  "LILY_DATA_DIR",    "LILY_TEMPERATURE"};
+                                  "LILY_DATA_DIR",    "LILY_TEMPERATURE", "LILY_CUDA_DISABLE"};
 
 class ServeSources : public ::testing::Test {
  protected:
@@ -88,6 +88,23 @@ TEST_F(ServeSources, AnEnvironmentVariableSetsAnOption) {
   }
   ::setenv("LILY_STRICT", "yes", 1);
   expect_error(serve("--bind 127.0.0.1:0"), "LILY_STRICT is \"yes\", expected 1, true, 0 or false");
+}
+
+// --cuda-disable like every serve option: LILY_CUDA_DISABLE and the config key cuda-disable,
+// checked before loading, the message naming where the bad list came from.
+TEST_F(ServeSources, TheCudaDisableListFromTheEnvironmentOrTheConfigFile) {
+  ::setenv("LILY_CUDA_DISABLE", "fused_conv", 1);
+  expect_error(serve("--bind 127.0.0.1:0"),
+               "LILY_CUDA_DISABLE is \"fused_conv\": unknown CUDA path \"fused_conv\", expected a "
+               "comma-separated list of pdl, stream-gemv, fused-conv");
+  ::setenv("LILY_CUDA_DISABLE", "pdl", 1);
+  expect_error(serve("--bind 127.0.0.1:0 --device cpu"),
+               "LILY_CUDA_DISABLE applies to the CUDA backend, not --device cpu");
+  expect_reached_loading(serve("--bind 127.0.0.1:0"));  // auto: a valid list is kept for CUDA
+  ::unsetenv("LILY_CUDA_DISABLE");
+  const std::string path = config("cuda-disable = \"stream-gemv,nope\"\n");
+  expect_error(serve("--bind 127.0.0.1:0 --config " + path),
+               path + ": cuda-disable is \"stream-gemv,nope\": unknown CUDA path \"nope\"");
 }
 
 TEST_F(ServeSources, TheExistingModelAndApiKeyVariablesStillWork) {
