@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/decode_plan.h"
 #include "bench/bench_runner.h"
 #include "bench/workload.h"
 #include "cuda_test_support.h"
@@ -84,6 +85,11 @@ void expect_decode_tracks_cpu(Backend& gpu, const char* label) {
     Qwen36Model model(checkpoint, *be, be == &gpu ? kCudaChunk : 256);
     DecodeState state(*be, checkpoint.config.shape, 64);
     results.push_back(generate(model, state, prompt, options));
+    if (be == &gpu) {
+      // The decode plan's persistent MoE block is the default one-token path on CUDA.
+      ASSERT_NE(model.decode_plan(), nullptr);
+      EXPECT_GT(model.decode_plan()->moe_blocks_run(), 0u) << model.decode_path();
+    }
   }
   const GenerationResult& cuda = results[0];
   const GenerationResult& cpu = results[1];
@@ -195,6 +201,36 @@ TEST_F(FullCheckpoint, DigestIsIdenticalAcrossRuns) {
   EXPECT_EQ(first.tokens, second.tokens);
   std::printf("[cuda] full checkpoint, prompt 256: digest %016llx twice\n",
               static_cast<unsigned long long>(first.digest));
+}
+
+// Part 5 of issue 18: the persistent MoE block (the default) and the op path it replaces
+// (--cuda-disable moe-layer) give the same 64 greedy tokens and digest on the full checkpoint,
+// eager first step and graph replays alike: the block sums in the op path's order.
+TEST_F(FullCheckpoint, PersistentMoeBlockGivesTheOpPathsTokens) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  std::string why;
+  const std::unique_ptr<Backend> ops = cuda_backend_or_null(CudaOptions::disabling("moe-layer"), &why);
+  ASSERT_TRUE(ops) << why;
+  BenchOptions options;
+  options.prompt_len = 256;
+  options.decode_steps = 64;
+  std::vector<BenchMeasurement> runs;
+  for (Backend* b : {be.get(), ops.get()}) {
+    Qwen36Model model(*checkpoint_, *b, kCudaChunk);
+    DecodeState state(*b, checkpoint_->config.shape, 1024);
+    runs.push_back(run_bench(model, state, options));
+    const uint64_t blocks = model.decode_plan() != nullptr ? model.decode_plan()->moe_blocks_run() : 0;
+    if (b == be.get()) {
+      EXPECT_GT(blocks, 0u) << model.decode_path();
+    } else {
+      EXPECT_EQ(blocks, 0u) << model.decode_path();
+    }
+  }
+  EXPECT_EQ(runs[0].tokens, runs[1].tokens);
+  EXPECT_EQ(runs[0].digest, runs[1].digest);
+  std::printf("[cuda] full checkpoint, prompt 256: digest %016llx with the persistent MoE block, "
+              "%016llx on the op path\n", static_cast<unsigned long long>(runs[0].digest),
+              static_cast<unsigned long long>(runs[1].digest));
 }
 
 TEST_F(FullCheckpoint, FirstStepLogitsAreCloseToTheCpu) {

@@ -101,12 +101,8 @@ void expect_same(Backend& be, const Shape& s, const MoeBlockBuffers& got, const 
   EXPECT_TRUE(bit_equal(f(got.delta, s.H), f(want.delta, s.H))) << label << ": output";
 }
 
-// The persistent MoE kernel is opt-in while it is no faster than the op path.
-void opt_in() { setenv("LILY_CUDA_MOE_LAYER", "1", 1); }
-
 void check_block(const Shape& s, uint64_t seed) {
   LILY_CUDA_BACKEND_OR_SKIP(be);
-  opt_in();
   Rng rng(seed);
   const MoeLayer layer(rng, s.H, s.E, s.I, s.S, s.router_bits);
   ModelWeights model;
@@ -193,23 +189,27 @@ TEST(CudaDecodePlan, MoeBlockModelRoutingWidthEqualsTheOps) {
   check_block(Shape{512, 64, 128, 64, 4, 4, "H=512 E=64 I=128 S=64 k=4 q4 router"}, 904);
 }
 
-TEST(CudaDecodePlan, WithoutTheOptInTheBlockRunsTheOps) {
+TEST(CudaDecodePlan, TurnedOffTheBlockRunsTheOps) {
   LILY_CUDA_BACKEND_OR_SKIP(be);
+  std::string why;
+  const std::unique_ptr<Backend> off = cuda_backend_or_null(CudaOptions::disabling("moe-layer"), &why);
+  ASSERT_TRUE(off) << why;
   Rng rng(906);
   const MoeLayer layer(rng, 256, 32, 128, 128, 8);
   ModelWeights model;
   model.layers.push_back(layer.weights());
-  unsetenv("LILY_CUDA_MOE_LAYER");
+  const std::unique_ptr<DecodePlan> on = be->make_decode_plan(model, DecodePlanShape{256, 32, 8, kEps});
+  ASSERT_NE(on, nullptr);
+  EXPECT_TRUE(on->has_moe_block()) << "on by default: " << on->describe();
   const std::unique_ptr<DecodePlan> plan =
-      be->make_decode_plan(model, DecodePlanShape{256, 32, 8, kEps});
+      off->make_decode_plan(model, DecodePlanShape{256, 32, 8, kEps});
   ASSERT_NE(plan, nullptr);
   EXPECT_FALSE(plan->has_moe_block());
-  EXPECT_NE(plan->describe().find("experimental"), std::string::npos) << plan->describe();
+  EXPECT_NE(plan->describe().find("--cuda-disable moe-layer"), std::string::npos) << plan->describe();
 }
 
 TEST(CudaDecodePlan, UnsupportedShapesSayWhyAndRefuseTheBlock) {
   LILY_CUDA_BACKEND_OR_SKIP(be);
-  opt_in();
   Rng rng(905);
   const MoeLayer layer(rng, 256, 32, 128, 128, 8);
   ModelWeights model;

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_options.h"
 #include "backend_test_support.h"
 
 namespace {

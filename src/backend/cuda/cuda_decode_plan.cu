@@ -1,7 +1,6 @@
 // The CUDA decode plan: resolves each layer's MoE weights once and launches the fused kernels.
 #include "backend/cuda/cuda_decode_plan.h"
 
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -34,13 +33,9 @@ CudaDecodePlan::CudaDecodePlan(CudaBackend& backend, const ModelWeights& weights
     if (unsupported.empty()) unsupported = cuda::moe_layer_unsupported(p);
     moe_layers_.push_back(p);
   }
-  // Experimental, off by default: measured no faster than the op path yet (docs/cuda.md,
-  // "The decode plan"); LILY_CUDA_MOE_LAYER=1 turns it on for the lab, the tests and the
-  // bench arm (tools/gpu/run.sh profile arm moelayer).
-  const char* opt_in = std::getenv("LILY_CUDA_MOE_LAYER");
-  if (unsupported.empty() && (opt_in == nullptr || std::string(opt_in) != "1")) {
-    unsupported = "the persistent MoE kernel is experimental (LILY_CUDA_MOE_LAYER=1 turns it on)";
-  }
+  // On by default (docs/cuda.md, "The decode plan"); --cuda-disable moe-layer runs the op
+  // path's four launches instead, for comparison.
+  if (!backend.options().moe_layer) unsupported = "turned off (--cuda-disable moe-layer)";
   if (unsupported.empty() && !moe_layers_.empty()) {
     moe_grid_ = cuda::moe_layer_grid(moe_layers_.front());
     if (moe_grid_ == 0) unsupported = "its blocks do not fit on the GPU at once";

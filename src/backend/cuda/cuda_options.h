@@ -11,25 +11,26 @@ namespace lily {
 class Backend;
 
 // The code paths of the CUDA backend that can be switched off for comparison (`lily serve|run|
-// bench --cuda-disable pdl,stream-gemv,fused-conv`; docs/cuda.md). Each is on by default and
+// bench --cuda-disable pdl,stream-gemv,fused-conv,moe-layer`; docs/cuda.md). Each is on by default and
 // runs only where the device and the code it runs allow it (CudaBackend::code_path names
 // what runs). Held by the backend that was built with them: there are no process globals.
 struct CudaOptions {
   bool pdl = true;          // programmatic dependent launch (code built for sm_90+)
   bool stream_gemv = true;  // the bulk-copy lm_head GEMV (sm_90+ code, 144 KB shared memory)
   bool fused_conv = true;   // the conv inside the one-token delta rule (gated_delta_net_mixer)
+  bool moe_layer = true;    // the decode plan's persistent MoE kernel (one launch per layer)
 
   // The names --cuda-disable takes, comma separated.
-  static constexpr const char* kNames = "pdl, stream-gemv, fused-conv";
+  static constexpr const char* kNames = "pdl, stream-gemv, fused-conv, moe-layer";
 
-  // "pdl on, stream-gemv on, fused-conv on".
+  // "pdl on, stream-gemv on, fused-conv on, moe-layer on".
   std::string describe() const {
     const auto on = [](bool v) { return v ? " on" : " off"; };
     return std::string("pdl") + on(pdl) + ", stream-gemv" + on(stream_gemv) + ", fused-conv" +
-           on(fused_conv);
+           on(fused_conv) + ", moe-layer" + on(moe_layer);
   }
 
-  bool all_on() const { return pdl && stream_gemv && fused_conv; }
+  bool all_on() const { return pdl && stream_gemv && fused_conv && moe_layer; }
 
   // The options with every path named in `list` off ("pdl,fused-conv"; empty: all on).
   // An unknown or empty name, or one named twice, throws std::invalid_argument naming it and
@@ -37,7 +38,7 @@ struct CudaOptions {
   static CudaOptions disabling(std::string_view list) {
     CudaOptions options;
     if (list.empty()) return options;
-    bool seen[3] = {false, false, false};
+    bool seen[4] = {false, false, false, false};
     size_t begin = 0;
     while (begin <= list.size()) {
       const size_t comma = list.find(',', begin);
@@ -47,6 +48,7 @@ struct CudaOptions {
       if (name == "pdl") which = 0;
       if (name == "stream-gemv") which = 1;
       if (name == "fused-conv") which = 2;
+      if (name == "moe-layer") which = 3;
       if (which < 0) {
         throw std::invalid_argument("unknown CUDA path \"" + std::string(name) +
                                     "\", expected a comma-separated list of " + kNames);
@@ -55,7 +57,9 @@ struct CudaOptions {
         throw std::invalid_argument("CUDA path \"" + std::string(name) + "\" is named twice");
       }
       seen[which] = true;
-      (which == 0 ? options.pdl : which == 1 ? options.stream_gemv : options.fused_conv) = false;
+      bool* const paths[4] = {&options.pdl, &options.stream_gemv, &options.fused_conv,
+                              &options.moe_layer};
+      *paths[which] = false;
       if (comma == std::string_view::npos) break;
       begin = comma + 1;
     }
