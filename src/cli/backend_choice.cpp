@@ -1,4 +1,4 @@
-// --device and --kv-cache for run, serve and bench: picks the CPU or CUDA backend, the prefill chunk and the KV cache dtype.
+// --device and --kv-cache for run, serve and bench: picks the CPU or CUDA backend, the prefill chunk and the KV cache dtype; the start-up lines about the loaded model.
 #include "cli/backend_choice.h"
 
 #include <unistd.h>
@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/load_progress.h"
+#include "core/process_memory.h"
 #include "model/decode_state.h"
 
 namespace lily {
@@ -121,6 +122,22 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
   std::fprintf(stderr, "lily: --device auto: using the CPU (%s); KV cache f32%s\n", why.c_str(),
                unused_options.c_str());
   return choice;
+}
+
+void announce_memory(const Backend& backend, uint64_t checkpoint_bytes) {
+  const std::optional<ResidentMemory> rss = resident_memory();
+  const std::string held = backend.name() == "cuda" ? "device memory" : "buffers";
+  if (!rss) {
+    std::fprintf(stderr, "lily: memory: resident size unknown (no /proc/self/statm); %s backend %s %s\n",
+                 backend.name().c_str(), held.c_str(), format_gib(backend.allocated_bytes()).c_str());
+    return;
+  }
+  std::fprintf(stderr,
+               "lily: memory: %s resident, %s of it file pages (the checkpoint's %.2f GB is used "
+               "in place from the page cache); %s backend %s %s\n",
+               format_gib(rss->resident_bytes).c_str(), format_gib(rss->file_bytes).c_str(),
+               static_cast<double>(checkpoint_bytes) / 1e9, backend.name().c_str(), held.c_str(),
+               format_gib(backend.allocated_bytes()).c_str());
 }
 
 void announce_decode_path(const Qwen36Model& model) {

@@ -43,4 +43,9 @@ LoadProgressFn upload_progress();
 // to stderr; nothing when the backend has no plan (the CPU).
 void announce_decode_path(const Qwen36Model& model);
 
+// Prints to stderr what the loaded model holds: the process's resident host memory, how much
+// of it is file pages (the checkpoint used in place from the page cache), and what the backend
+// allocated (host buffers on the CPU, device memory on CUDA). Call it once the model is built.
+void announce_memory(const Backend& backend, uint64_t checkpoint_bytes);
+
 }  // namespace lily

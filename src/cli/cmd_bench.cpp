@@ -69,6 +69,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
   const std::unique_ptr<Backend> backend = std::move(choice.backend);
   Qwen36Model model(*checkpoint, *backend, choice.chunk, upload_progress());
   announce_decode_path(model);
+  announce_memory(*backend, checkpoint->store.file_bytes());
   DecodeState state(*backend, checkpoint->config.shape, static_cast<int64_t>(capacity),
                     choice.kv_cache);
 

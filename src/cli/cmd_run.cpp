@@ -83,6 +83,7 @@ int cmd_run(const std::vector<std::string>& argv) {
   const std::unique_ptr<Backend> backend = std::move(choice.backend);
   Qwen36Model model(*checkpoint, *backend, choice.chunk, upload_progress());
   announce_decode_path(model);
+  announce_memory(*backend, checkpoint->store.file_bytes());
   DecodeState state(*backend, checkpoint->config.shape, static_cast<int64_t>(max_seq),
                     choice.kv_cache);
   GenerationOptions options;

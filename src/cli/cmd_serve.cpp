@@ -299,6 +299,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
   }
   Qwen36Model model(*checkpoint, *backend, choice.chunk, upload_progress());
   announce_decode_path(model);
+  announce_memory(*backend, checkpoint->store.file_bytes());
   const Tokenizer tokenizer = Tokenizer::from_file(dir + "/tokenizer.json");
   const std::string tokenizer_config_path = dir + "/tokenizer_config.json";
   const Json tokenizer_config = read_strict_json_file(tokenizer_config_path, 16u << 20, 64);
