@@ -1,0 +1,491 @@
+// CPU int8 GEMV kernel: int8 activations per group of 64 times Q4/Q8 codes, one path per ISA.
+#include "backend/cpu/int8_dot.h"
+
+#include <cpuid.h>
+// GCC 12's AVX-512 casts and extracts pass an "undefined" vector (`__m256d __Y = __Y;`) as a
+// merge source, which -Wmaybe-uninitialized flags where they are inlined (a false positive). The
+// diagnostic is located in the header, so it is silenced for the header's lines only.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
+#include <immintrin.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+#include "backend/cpu/cpu_kernels.h"
+
+namespace lily::cpu {
+
+// Each vector path carries its instruction set as a per-function target, so the file builds
+// with the project's flags (no -march) and the dispatcher below picks a path at run time. A
+// helper is inlined only into callers whose target includes its own: the shared 256-bit helpers
+// carry the smallest target (AVX2 + FMA) and every vector path's target contains it.
+// FMA is in the targets only because every AVX2 CPU has it. The arithmetic below is separate
+// multiplies and adds, and this file is compiled with -ffp-contract=off (CMakeLists.txt): GCC
+// 12 would otherwise fuse a multiply and an add into an FMA where the target has one, which
+// rounds differently from the scalar path and breaks bit-identity.
+#define LILY_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define LILY_TARGET_AVX_VNNI __attribute__((target("avx2,fma,avxvnni")))
+#define LILY_TARGET_AVX512_VNNI \
+  __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+
+namespace {
+
+constexpr int64_t kGroup = 64;
+constexpr int kBlock = 8;  // groups per f32 epilogue block: one 256-bit vector of group terms
+
+// One quantised row, located once per row.
+struct Row {
+  const uint8_t* codes;    // Q4: u8 [groups * 32] (two codes per byte); Q8: u8 [groups * 64]
+  const std::byte* scales; // BF16 [groups]
+  const std::byte* biases; // BF16 [groups]
+  int64_t groups;
+};
+
+Row locate(const QuantView& w, int64_t row) {
+  const auto in = static_cast<int64_t>(w.in);
+  const int64_t groups = in / kGroup;
+  return Row{reinterpret_cast<const uint8_t*>(w.codes + row * in * w.bits / 8),
+             w.scales + row * groups * 2, w.biases + row * groups * 2, groups};
+}
+
+// Start of group g's even elements in Q8Activations::q4_order; its odd ones are 64 bytes on.
+inline const int8_t* q4_even(const Q8Activations& x, int64_t g) {
+  return x.q4_order.data() + (g / 2) * 128 + (g % 2) * 32;
+}
+
+// The f32 term of one group: (w_scale * x_scale) * isum + w_bias * sum(x), one rounding per
+// operation, in this order. Every path computes exactly this (the vector epilogue lane by lane).
+inline float group_term(const Row& r, const Q8Activations& x, int64_t g, int32_t isum) {
+  const float ws = load_bf16(r.scales + g * 2);
+  const float wb = load_bf16(r.biases + g * 2);
+  const float a = ws * x.scales[static_cast<size_t>(g)];
+  const float d = a * static_cast<float>(isum);  // exact: |isum| <= 255 * 127 * 64 < 2^24
+  const float b = wb * x.sums[static_cast<size_t>(g)];
+  return d + b;
+}
+
+// The documented reduction of the 8 accumulators.
+inline float reduce_accumulators(const float* a) {
+  const float s04 = a[0] + a[4];
+  const float s15 = a[1] + a[5];
+  const float s26 = a[2] + a[6];
+  const float s37 = a[3] + a[7];
+  const float even = s04 + s26;
+  const float odd = s15 + s37;
+  return even + odd;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Portable path: plain integer loops (exact in any order) and the scalar epilogue.
+
+int32_t q4_group_scalar(const uint8_t* c, const int8_t* xe, const int8_t* xo) {
+  int32_t s = 0;
+  for (int i = 0; i < 32; ++i) {
+    s += static_cast<int32_t>(c[i] & 15u) * xe[i] + static_cast<int32_t>(c[i] >> 4) * xo[i];
+  }
+  return s;
+}
+
+int32_t q8_group_scalar(const uint8_t* c, const int8_t* xq) {
+  int32_t s = 0;
+  for (int i = 0; i < 64; ++i) s += static_cast<int32_t>(c[i]) * xq[i];
+  return s;
+}
+
+template <int Bits>
+float row_dot_scalar(const Row& r, const Q8Activations& x) {
+  float acc[kBlock] = {};
+  for (int64_t g = 0; g < r.groups; ++g) {
+    const int32_t isum =
+        Bits == 4 ? q4_group_scalar(r.codes + g * 32, q4_even(x, g), q4_even(x, g) + 64)
+                  : q8_group_scalar(r.codes + g * 64, x.natural.data() + g * kGroup);
+    float& lane = acc[g % kBlock];
+    lane = lane + group_term(r, x, g, isum);
+  }
+  return reduce_accumulators(acc);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Shared 256-bit helpers.
+
+LILY_TARGET_AVX2 inline __m256i loadu256(const void* p) {
+  return _mm256_loadu_si256(static_cast<const __m256i*>(p));
+}
+
+// The 8 BF16 values at p as f32 (exact: bf16 is the top half of an f32).
+LILY_TARGET_AVX2 inline __m256 load_bf16x8(const std::byte* p) {
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// v[k] holds 8 int32 partial sums of group k; returns the 8 group totals [sum v0, ..., sum v7].
+LILY_TARGET_AVX2 inline __m256i reduce8(const __m256i* v) {
+  const __m256i h01 = _mm256_hadd_epi32(v[0], v[1]);
+  const __m256i h23 = _mm256_hadd_epi32(v[2], v[3]);
+  const __m256i h45 = _mm256_hadd_epi32(v[4], v[5]);
+  const __m256i h67 = _mm256_hadd_epi32(v[6], v[7]);
+  // Per 128-bit lane: [v0, v1, v2, v3] partial totals (low lane: elements 0-3 of each v, high
+  // lane: 4-7), the same for v4..v7.
+  const __m256i h0123 = _mm256_hadd_epi32(h01, h23);
+  const __m256i h4567 = _mm256_hadd_epi32(h45, h67);
+  const __m256i lo = _mm256_permute2x128_si256(h0123, h4567, 0x20);
+  const __m256i hi = _mm256_permute2x128_si256(h0123, h4567, 0x31);
+  return _mm256_add_epi32(lo, hi);
+}
+
+// acc[k] += term of group g + k for k < 8, all 8 groups present: group_term lane by lane.
+LILY_TARGET_AVX2 inline __m256 epilogue8(__m256 acc, __m256i isum, const Row& r,
+                                         const Q8Activations& x, int64_t g) {
+  const __m256 ws = load_bf16x8(r.scales + g * 2);
+  const __m256 wb = load_bf16x8(r.biases + g * 2);
+  const __m256 a = _mm256_mul_ps(ws, _mm256_loadu_ps(x.scales.data() + g));
+  const __m256 d = _mm256_mul_ps(a, _mm256_cvtepi32_ps(isum));
+  const __m256 b = _mm256_mul_ps(wb, _mm256_loadu_ps(x.sums.data() + g));
+  return _mm256_add_ps(acc, _mm256_add_ps(d, b));
+}
+
+// The last, partial block (count < 8 groups from g): scalar terms, absent lanes add +0, which
+// leaves an accumulator unchanged (an accumulator that starts at +0 never becomes -0).
+LILY_TARGET_AVX2 inline __m256 epilogue_tail(__m256 acc, __m256i isum, int64_t count,
+                                             const Row& r, const Q8Activations& x, int64_t g) {
+  alignas(32) int32_t sums[kBlock];
+  alignas(32) float terms[kBlock] = {};
+  _mm256_store_si256(reinterpret_cast<__m256i*>(sums), isum);
+  for (int64_t k = 0; k < count; ++k) terms[k] = group_term(r, x, g + k, sums[k]);
+  return _mm256_add_ps(acc, _mm256_load_ps(terms));
+}
+
+// reduce_accumulators on a vector: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+LILY_TARGET_AVX2 inline float reduce_accumulators(__m256 acc) {
+  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+  return _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+}
+
+// The body of every vector path's row dot: `sums(r, x, g, count, v)` fills v[k] (8 int32
+// partials) for groups g..g+count-1 (count <= 8; v stays zero beyond), then the shared
+// epilogue. A macro, not a template taking a lambda: each path's function must carry its own
+// target, and GCC inlines a callee only into callers whose target contains the callee's, so a
+// shared AVX2 driver could not inline the AVX-512 group sums.
+#define LILY_INT8_ROW_DOT(NAME, TARGET, SUMS)                      \
+  TARGET float NAME(const Row& r, const Q8Activations& x) {        \
+    __m256 acc = _mm256_setzero_ps();                              \
+    __m256i v[kBlock];                                             \
+    int64_t g = 0;                                                 \
+    for (; g + kBlock <= r.groups; g += kBlock) {                  \
+      SUMS(r, x, g, kBlock, v);                                    \
+      acc = epilogue8(acc, reduce8(v), r, x, g);                   \
+    }                                                              \
+    if (g < r.groups) {                                            \
+      const int64_t count = r.groups - g;                          \
+      for (int k = 0; k < kBlock; ++k) v[k] = _mm256_setzero_si256(); \
+      SUMS(r, x, g, count, v);                                     \
+      acc = epilogue_tail(acc, reduce8(v), count, r, x, g);        \
+    }                                                              \
+    return reduce_accumulators(acc);                               \
+  }
+
+// ---------------------------------------------------------------------------------------------
+// AVX2: vpmaddubsw (u8 x s8 pairs to saturating i16) then vpmaddwd by 1 (i16 pairs to i32).
+
+// Q4: the pair sums are at most 2 * 15 * 127 = 3810 and two of them 7620, far below the i16
+// saturation of vpmaddubsw.
+LILY_TARGET_AVX2 inline __m256i q4_group_avx2(const uint8_t* c, const int8_t* xe) {
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  const __m256i codes = loadu256(c);
+  const __m256i lo = _mm256_and_si256(codes, mask);                         // elements 2i
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(codes, 4), mask);  // elements 2i+1
+  const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, loadu256(xe)),
+                                     _mm256_maddubs_epi16(hi, loadu256(xe + 64)));
+  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+}
+
+// Q8: a vpmaddubsw pair could reach 2 * 255 * 127 = 64770 and saturate i16, so both operands
+// are widened to i16 and multiplied by vpmaddwd (products <= 32385, pair sums exact in i32).
+LILY_TARGET_AVX2 inline __m256i q8_group_avx2(const uint8_t* c, const int8_t* xq) {
+  __m256i s = _mm256_setzero_si256();
+  for (int k = 0; k < 4; ++k) {
+    const __m256i c16 = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(c + 16 * k)));
+    const __m256i x16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(xq + 16 * k)));
+    s = _mm256_add_epi32(s, _mm256_madd_epi16(c16, x16));
+  }
+  return s;
+}
+
+LILY_TARGET_AVX2 inline void q4_sums_avx2(const Row& r, const Q8Activations& x, int64_t g,
+                                          int64_t count, __m256i* v) {
+  for (int64_t k = 0; k < count; ++k) v[k] = q4_group_avx2(r.codes + (g + k) * 32, q4_even(x, g + k));
+}
+
+LILY_TARGET_AVX2 inline void q8_sums_avx2(const Row& r, const Q8Activations& x, int64_t g,
+                                          int64_t count, __m256i* v) {
+  for (int64_t k = 0; k < count; ++k) {
+    v[k] = q8_group_avx2(r.codes + (g + k) * 64, x.natural.data() + (g + k) * kGroup);
+  }
+}
+
+LILY_INT8_ROW_DOT(row_dot_q4_avx2, LILY_TARGET_AVX2, q4_sums_avx2)
+
+LILY_INT8_ROW_DOT(row_dot_q8_avx2, LILY_TARGET_AVX2, q8_sums_avx2)
+
+// ---------------------------------------------------------------------------------------------
+// AVX-VNNI: 256-bit vpdpbusd (u8 x s8, four products into each i32 lane, no saturation).
+
+LILY_TARGET_AVX_VNNI inline __m256i q4_group_avx_vnni(const uint8_t* c, const int8_t* xe) {
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  const __m256i codes = loadu256(c);
+  const __m256i lo = _mm256_and_si256(codes, mask);
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(codes, 4), mask);
+  const __m256i s = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), lo, loadu256(xe));
+  return _mm256_dpbusd_avx_epi32(s, hi, loadu256(xe + 64));
+}
+
+LILY_TARGET_AVX_VNNI inline __m256i q8_group_avx_vnni(const uint8_t* c, const int8_t* xq) {
+  const __m256i s = _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), loadu256(c), loadu256(xq));
+  return _mm256_dpbusd_avx_epi32(s, loadu256(c + 32), loadu256(xq + 32));
+}
+
+LILY_TARGET_AVX_VNNI inline void q4_sums_avx_vnni(const Row& r, const Q8Activations& x, int64_t g,
+                                                  int64_t count, __m256i* v) {
+  for (int64_t k = 0; k < count; ++k) {
+    v[k] = q4_group_avx_vnni(r.codes + (g + k) * 32, q4_even(x, g + k));
+  }
+}
+
+LILY_TARGET_AVX_VNNI inline void q8_sums_avx_vnni(const Row& r, const Q8Activations& x, int64_t g,
+                                                  int64_t count, __m256i* v) {
+  for (int64_t k = 0; k < count; ++k) {
+    v[k] = q8_group_avx_vnni(r.codes + (g + k) * 64, x.natural.data() + (g + k) * kGroup);
+  }
+}
+
+LILY_INT8_ROW_DOT(row_dot_q4_avx_vnni, LILY_TARGET_AVX_VNNI, q4_sums_avx_vnni)
+
+LILY_INT8_ROW_DOT(row_dot_q8_avx_vnni, LILY_TARGET_AVX_VNNI, q8_sums_avx_vnni)
+
+// ---------------------------------------------------------------------------------------------
+// AVX-512 VNNI: 512-bit vpdpbusd. Q4 takes a pair of groups per instruction: the pair's 64 code
+// bytes split into low and high nibbles meet q4_order's [even 2p | even 2p+1] and
+// [odd 2p | odd 2p+1], so i32 lanes 0-7 sum group 2p and lanes 8-15 group 2p+1.
+
+// The upper 256 bits.
+LILY_TARGET_AVX512_VNNI inline __m256i upper256(__m512i v) { return _mm512_extracti64x4_epi64(v, 1); }
+
+LILY_TARGET_AVX512_VNNI inline __m512i q4_pair_avx512(__m512i codes, const int8_t* pair_act) {
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  const __m512i lo = _mm512_and_si512(codes, mask);
+  const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(codes, 4), mask);
+  const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(pair_act));
+  return _mm512_dpbusd_epi32(s, hi, _mm512_loadu_si512(pair_act + 64));
+}
+
+// g is a multiple of 8, so this block's pairs start at group g.
+LILY_TARGET_AVX512_VNNI inline void q4_sums_avx512(const Row& r, const Q8Activations& x, int64_t g,
+                                                   int64_t count, __m256i* v) {
+  for (int64_t k = 0; k < count; k += 2) {
+    const uint8_t* c = r.codes + (g + k) * 32;
+    // A lone last group: load only its 32 code bytes, 4 of the 8 qwords (the row, and maybe
+    // the buffer, ends there; a masked-off lane never faults); its partner in q4_order is zeros.
+    const __m512i codes = k + 1 < count ? _mm512_loadu_si512(c) : _mm512_maskz_loadu_epi64(0x0F, c);
+    const __m512i s = q4_pair_avx512(codes, x.q4_order.data() + (g + k) * 64);
+    v[k] = _mm512_castsi512_si256(s);
+    if (k + 1 < count) v[k + 1] = upper256(s);
+  }
+}
+
+LILY_TARGET_AVX512_VNNI inline void q8_sums_avx512(const Row& r, const Q8Activations& x, int64_t g,
+                                                   int64_t count, __m256i* v) {
+  for (int64_t k = 0; k < count; ++k) {
+    const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
+                                          _mm512_loadu_si512(r.codes + (g + k) * 64),
+                                          _mm512_loadu_si512(x.natural.data() + (g + k) * kGroup));
+    v[k] = _mm256_add_epi32(_mm512_castsi512_si256(s), upper256(s));
+  }
+}
+
+LILY_INT8_ROW_DOT(row_dot_q4_avx512, LILY_TARGET_AVX512_VNNI, q4_sums_avx512)
+
+LILY_INT8_ROW_DOT(row_dot_q8_avx512, LILY_TARGET_AVX512_VNNI, q8_sums_avx512)
+
+// ---------------------------------------------------------------------------------------------
+// Dispatch.
+
+bool cpu_has_avx_vnni() {
+  // CPUID leaf 7, subleaf 1, EAX bit 4. Read directly: GCC 12 knows "avxvnni" for
+  // __builtin_cpu_supports, clang 14 does not. The OS's YMM state is covered by the avx2 test.
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  if (__get_cpuid_count(7, 1, &a, &b, &c, &d) == 0) return false;
+  return (a >> 4) & 1u;
+}
+
+Int8Isa detect() {
+  __builtin_cpu_init();
+  // __builtin_cpu_supports returns a non-zero mask, not 1: compare with 0.
+  const bool avx2 = __builtin_cpu_supports("avx2") != 0 && __builtin_cpu_supports("fma") != 0;
+  const bool avx512 = __builtin_cpu_supports("avx512f") != 0 &&
+                      __builtin_cpu_supports("avx512bw") != 0 &&
+                      __builtin_cpu_supports("avx512vl") != 0 &&
+                      __builtin_cpu_supports("avx512vnni") != 0;
+  if (avx2 && avx512) return Int8Isa::avx512_vnni;
+  if (avx2 && cpu_has_avx_vnni()) return Int8Isa::avx_vnni;
+  if (avx2) return Int8Isa::avx2;
+  return Int8Isa::scalar;
+}
+
+Int8Isa best() {
+  static const Int8Isa isa = detect();
+  return isa;
+}
+
+using RowDot = float (*)(const Row&, const Q8Activations&);
+
+RowDot select(Int8Isa isa, int bits) {
+  if (isa == Int8Isa::automatic) isa = best();
+  require(int8_isa_supported(isa), "int8_dot",
+          std::string("the ") + int8_isa_name(isa) + " path was forced but this CPU lacks it (best: " +
+              int8_isa_name(best()) + ")");
+  switch (isa) {
+    case Int8Isa::avx512_vnni: return bits == 4 ? row_dot_q4_avx512 : row_dot_q8_avx512;
+    case Int8Isa::avx_vnni: return bits == 4 ? row_dot_q4_avx_vnni : row_dot_q8_avx_vnni;
+    case Int8Isa::avx2: return bits == 4 ? row_dot_q4_avx2 : row_dot_q8_avx2;
+    case Int8Isa::scalar:
+    case Int8Isa::automatic: break;
+  }
+  return bits == 4 ? row_dot_scalar<4> : row_dot_scalar<8>;
+}
+
+void check(const char* op, const QuantView& w, int64_t row_begin, int64_t rows,
+           const Q8Activations& x) {
+  require(w.bits == 4 || w.bits == 8, op,
+          "weight " + w.name + " has " + std::to_string(w.bits) + " bits per code, expected 4 or 8");
+  require(w.codes != nullptr && w.scales != nullptr && w.biases != nullptr, op,
+          "weight " + w.name + " has no codes, scales or biases");
+  require(static_cast<int64_t>(w.in) == x.in, op,
+          "weight " + w.name + " takes " + std::to_string(w.in) + " inputs, the activations hold " +
+              std::to_string(x.in));
+  require(x.in > 0 && x.in % kGroup == 0, op,
+          "activations of " + std::to_string(x.in) + " elements, expected a positive multiple of 64 "
+          "(quantize_activations fills them)");
+  const auto total = static_cast<int64_t>(w.rows());
+  require(row_begin >= 0 && rows >= 0 && row_begin <= total && rows <= total - row_begin, op,
+          "rows [" + std::to_string(row_begin) + ", " + std::to_string(row_begin + rows) +
+              ") outside weight " + w.name + "'s " + std::to_string(total) + " rows");
+}
+
+// One group of quantize_activations: xg f32 [64] to nat int8 [64] (element order) and even
+// int8 [32] / even + 64 int8 [32] (Q4 order), scale and sum. False (outputs unspecified) when an
+// element is not finite. Cloned per target like the f32 kernels (quantisation runs once per input
+// vector, not per row, but is a tenth of a 2048-row product when not vectorised); every clone
+// computes the same bits: max, division and rounding are exact IEEE operations, and the sum's
+// order is fixed (8 interleaved partial sums, then combined in a fixed order).
+LILY_CPU_CLONES bool quantize_group(const float* xg, int8_t* nat, int8_t* even, float& scale,
+                                    float& sum) {
+  constexpr float kMax = 3.40282347e38f;  // FLT_MAX: |x| <= kMax fails for NaN and infinity
+  float amax = 0.0f;
+  int bad = 0;
+#pragma omp simd reduction(max : amax) reduction(| : bad)
+  for (int i = 0; i < kGroup; ++i) {
+    const float a = std::fabs(xg[i]);
+    bad |= a <= kMax ? 0 : 1;
+    amax = std::max(amax, a);
+  }
+  if (bad != 0) return false;
+  // Added in float64, rounded once to f32: as close to the exact sum as f32 can be but for a
+  // double rounding in rare cases.
+  double part[8] = {};
+  for (int i = 0; i < kGroup; i += 8) {
+    for (int k = 0; k < 8; ++k) part[k] += static_cast<double>(xg[i + k]);
+  }
+  sum = static_cast<float>(((part[0] + part[4]) + (part[2] + part[6])) +
+                           ((part[1] + part[5]) + (part[3] + part[7])));
+  scale = amax / 127.0f;
+  // |x| / scale <= 127 up to one f32 rounding (amax / scale = 127 * (1 +- 2^-23)), so the
+  // nearest integer (ties to even) is within [-127, 127]. A zero group (scale 0) gets codes 0,
+  // not 0 / 0.
+  const float s = scale;
+  if (s > 0.0f) {
+    for (int i = 0; i < kGroup; ++i) nat[i] = static_cast<int8_t>(std::nearbyint(xg[i] / s));
+  } else {
+    for (int i = 0; i < kGroup; ++i) nat[i] = 0;
+  }
+  for (int j = 0; j < 32; ++j) {  // element 2j to even[j], 2j+1 to the odd half at even[64 + j]
+    even[j] = nat[2 * j];
+    even[64 + j] = nat[2 * j + 1];
+  }
+  return true;
+}
+
+}  // namespace
+
+const char* int8_isa_name(Int8Isa isa) {
+  switch (isa) {
+    case Int8Isa::automatic: return int8_isa_name(best());
+    case Int8Isa::avx512_vnni: return "avx512_vnni";
+    case Int8Isa::avx_vnni: return "avx_vnni";
+    case Int8Isa::avx2: return "avx2";
+    case Int8Isa::scalar: return "scalar";
+  }
+  return "unknown";
+}
+
+const char* int8_dot_isa() { return int8_isa_name(best()); }
+
+bool int8_isa_supported(Int8Isa isa) {
+  const Int8Isa have = best();
+  switch (isa) {
+    case Int8Isa::automatic:
+    case Int8Isa::scalar: return true;
+    // Each vector path's target contains the next one's (detect tests them in this order), except
+    // that AVX-VNNI is its own CPUID bit: an AVX-512 VNNI CPU may lack it.
+    case Int8Isa::avx512_vnni: return have == Int8Isa::avx512_vnni;
+    case Int8Isa::avx_vnni: return have != Int8Isa::scalar && have != Int8Isa::avx2 && cpu_has_avx_vnni();
+    case Int8Isa::avx2: return have != Int8Isa::scalar;
+  }
+  return false;
+}
+
+void quantize_activations(const float* x, int64_t in, Q8Activations& out) {
+  require(in > 0 && in % kGroup == 0, "quantize_activations",
+          "input of " + std::to_string(in) + " elements, expected a positive multiple of 64");
+  const int64_t groups = in / kGroup;
+  const int64_t pairs = (groups + 1) / 2;
+  out.in = in;
+  out.natural.resize(static_cast<size_t>(in));
+  out.q4_order.assign(static_cast<size_t>(pairs * 128), 0);  // zeros: a lone last group's partner
+  out.scales.resize(static_cast<size_t>(groups));
+  out.sums.resize(static_cast<size_t>(groups));
+  for (int64_t g = 0; g < groups; ++g) {
+    const float* xg = x + g * kGroup;
+    if (!quantize_group(xg, out.natural.data() + g * kGroup,
+                        out.q4_order.data() + (g / 2) * 128 + (g % 2) * 32,
+                        out.scales[static_cast<size_t>(g)], out.sums[static_cast<size_t>(g)])) {
+      int64_t bad = 0;
+      while (std::isfinite(xg[bad])) ++bad;
+      require(false, "quantize_activations",
+              "element " + std::to_string(g * kGroup + bad) + " is " + std::to_string(xg[bad]) +
+                  ", expected a finite value (NaN and infinity have no int8 code)");
+    }
+  }
+}
+
+float int8_row_dot(const QuantView& w, int64_t row, const Q8Activations& x, Int8Isa isa) {
+  check("int8_row_dot", w, row, 1, x);
+  return select(isa, w.bits)(locate(w, row), x);
+}
+
+void int8_rows_dot(const QuantView& w, int64_t row_begin, int64_t rows, const Q8Activations& x,
+                   float* y, Int8Isa isa) {
+  check("int8_rows_dot", w, row_begin, rows, x);
+  require(rows == 0 || y != nullptr, "int8_rows_dot", "no output buffer for " + std::to_string(rows) + " rows");
+  const RowDot dot = select(isa, w.bits);
+  for (int64_t r = 0; r < rows; ++r) y[r] = dot(locate(w, row_begin + r), x);
+}
+
+}  // namespace lily::cpu

@@ -1,0 +1,80 @@
+// CPU int8 GEMV kernel: activations quantised to int8 per group of 64, integer dots against Q4/Q8 codes.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "checkpoint/weights.h"
+
+namespace lily::cpu {
+
+// Issue 19's fast path, step 1: the kernel and its tests only; no op uses it yet (the exact
+// f32 path of quant_matmul.cpp stays the model's). Precision and measured error:
+// docs/precision.md, "The int8 fast path".
+
+// The instruction set a dot runs on. `automatic` is the best one the CPU has
+// (__builtin_cpu_supports at the first call); the others force a path, for the tests and
+// the benchmark, and are an error (std::invalid_argument) where the CPU lacks it.
+enum class Int8Isa {
+  automatic,
+  avx512_vnni,  // 512-bit vpdpbusd (AVX-512 F, BW, VL and VNNI)
+  avx_vnni,     // 256-bit vpdpbusd, VEX encoded (AVX-VNNI, with AVX2)
+  avx2,         // vpmaddubsw + vpmaddwd (Q4), widening vpmaddwd (Q8); AVX2 and FMA
+  scalar,       // portable C++
+};
+
+// The name of the path `automatic` chooses on this CPU: "avx512_vnni", "avx_vnni", "avx2" or
+// "scalar".
+const char* int8_dot_isa();
+// The name of any path ("automatic" resolves to the chosen one).
+const char* int8_isa_name(Int8Isa isa);
+// Whether this CPU can run the path (`automatic` and `scalar`: always).
+bool int8_isa_supported(Int8Isa isa);
+
+// An f32 input vector x [in] quantised for the integer dots. in % 64 == 0. Per group g of 64
+// elements: scale[g] = max|x| / 127 (f32), q = nearest integer of x / scale[g] (ties to even),
+// so every code is in [-127, 127] (-128 is never produced: the int8 range is symmetric); an
+// all-zero group has scale 0 and codes 0. sums[g] is the sum of the group's unquantised x,
+// added in float64 and rounded once to f32, for the bias term: only the scale term is
+// quantised, w_bias * sum(x) stays as exact as in the f32 path.
+struct Q8Activations {
+  int64_t in = 0;
+  // int8 [in]: element i at index i (the order of Q8 codes: byte i is element i).
+  std::vector<int8_t> natural;
+  // int8 [pairs * 128], pairs = ceil(groups / 2): Q4 order. Byte i of a Q4 group holds
+  // elements 2i (low nibble) and 2i+1 (high nibble), so the kernel multiplies the 32 low
+  // nibbles with the group's even elements and the 32 high nibbles with its odd ones. Groups
+  // come in pairs (2p, 2p+1) laid out as [even of 2p | even of 2p+1 | odd of 2p | odd of
+  // 2p+1], 32 bytes each: a 512-bit load of a pair's 64 code bytes, split into nibbles, meets
+  // its activations in two plain 512-bit loads, and a 256-bit path reads one group's evens at
+  // p * 128 + (g % 2) * 32 and its odds 64 bytes further. A missing last group of an odd
+  // count is zeros.
+  std::vector<int8_t> q4_order;
+  std::vector<float> scales;  // f32 [groups]
+  std::vector<float> sums;    // f32 [groups]
+
+  int64_t groups() const { return in / 64; }
+};
+
+// Quantises x [in] (f32) into `out` (resized; reusable across calls). Errors
+// (std::invalid_argument): in <= 0 or in % 64 != 0, or a non-finite element (a NaN or
+// infinity has no int8 code; the f32 path would carry it on, this one must refuse).
+void quantize_activations(const float* x, int64_t in, Q8Activations& out);
+
+// sum_c W[row, c] x[c] for one row of a Q4 or Q8 MLX affine weight, with x quantised:
+// per group g, t[g] = (w_scale[g] * x_scale[g]) * float(sum_i q_i * xq_i) + w_bias[g] * sums[g],
+// the integer sum exact in int32, the rest in f32 (multiply, multiply, multiply, add; never
+// fused). The t[g] are added into 8 f32 accumulators (group g into g % 8, in order of g),
+// then reduced as ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)). Every path evaluates
+// exactly this, so all paths give bit-identical results.
+// Errors (std::invalid_argument): bits not 4 or 8, w.in != x.in, row outside [0, rows), an
+// unsupported forced path.
+float int8_row_dot(const QuantView& w, int64_t row, const Q8Activations& x,
+                   Int8Isa isa = Int8Isa::automatic);
+
+// y[r] = int8_row_dot(w, row_begin + r, x) for r in [0, rows): y f32 [rows]. Same errors, and
+// row_begin + rows must not pass the weight's last row.
+void int8_rows_dot(const QuantView& w, int64_t row_begin, int64_t rows, const Q8Activations& x,
+                   float* y, Int8Isa isa = Int8Isa::automatic);
+
+}  // namespace lily::cpu

@@ -1,0 +1,131 @@
+// Micro-benchmark (not a test): a 2048 x 4096 Q4 matrix-vector product on one thread, today's f32 decode dot vs the int8 kernel on each path.
+// Usage: int8_dot_bench [repetitions (default 50)]. Prints the best of the repetitions per path.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/int8_dot.h"
+#include "backend_test_support.h"
+
+namespace lily::testing {
+namespace {
+
+constexpr int64_t kRows = 2048;
+constexpr int64_t kIn = 4096;
+
+// Best wall time of `reps` calls, in seconds (after one warm-up call).
+double best_of(int reps, const std::function<void()>& f) {
+  f();
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    const auto t1 = std::chrono::steady_clock::now();
+    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
+  }
+  return best;
+}
+
+double normalised_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double d = 0, n = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    const double e = static_cast<double>(a[i]) - static_cast<double>(b[i]);
+    d += e * e;
+    n += static_cast<double>(b[i]) * static_cast<double>(b[i]);
+  }
+  return std::sqrt(d / n);
+}
+
+int run(int reps) {
+  Rng rng(7);
+  const QuantWeight w(rng, 4, 1, kRows, kIn);  // Q4 [2048, 4096]: codes U32 [2048, 512], BF16 scales/biases [2048, 64]
+  const QuantView& v = w.view();
+  const std::vector<float> x = rng.uniform_vector(kIn, -1.0f, 1.0f);  // f32 [4096]
+  const auto bytes = static_cast<double>(v.stored_bytes());
+
+  std::printf("int8_dot_bench: Q4 %lld x %lld (%.2f MiB of codes, scales and biases), 1 thread, "
+              "best of %d\n",
+              static_cast<long long>(kRows), static_cast<long long>(kIn), bytes / (1 << 20), reps);
+  std::printf("%-34s %10s %10s %10s\n", "path", "us/matvec", "ns/row", "GB/s");
+  auto line = [&](const std::string& name, double seconds) {
+    std::printf("%-34s %10.1f %10.2f %10.2f\n", name.c_str(), seconds * 1e6,
+                seconds * 1e9 / static_cast<double>(kRows), bytes / seconds / 1e9);
+  };
+
+  // Today's f32 decode path (quant_matmul.cpp): the backend's matmul with n = 1 permutes x
+  // (prepare_input) and runs row_dot_q4 on every row; one pool thread.
+  std::unique_ptr<Backend> backend = cpu(1);
+  std::vector<float> y_f32(kRows);  // f32 [2048]
+  line("f32 CpuBackend::matmul (n=1)", best_of(reps, [&] {
+         backend->matmul(v, 0, kRows, x.data(), 1, y_f32.data());
+       }));
+  // The same dots without the backend around them: x permuted here as prepare_input does (a
+  // call to prepare_input from this file would need its target_clones resolver, which GCC
+  // emits per calling file against the clones' local symbols, and fails to link).
+  std::vector<float> permuted(kIn), sums(kIn / 64);  // f32 [4096]: per group evens then odds; f32 [64]
+  for (int64_t g = 0; g < kIn / 64; ++g) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < 32; ++i) {
+      permuted[static_cast<size_t>(g * 64 + i)] = x[static_cast<size_t>(g * 64 + 2 * i)];
+      permuted[static_cast<size_t>(g * 64 + 32 + i)] = x[static_cast<size_t>(g * 64 + 2 * i + 1)];
+      s += x[static_cast<size_t>(g * 64 + 2 * i)] + x[static_cast<size_t>(g * 64 + 2 * i + 1)];
+    }
+    sums[static_cast<size_t>(g)] = s;
+  }
+  std::vector<float> y_rows(kRows);  // f32 [2048]
+  line("f32 row_dot_q4 (dots only)", best_of(reps, [&] {
+         for (int64_t r = 0; r < kRows; ++r) {
+           y_rows[static_cast<size_t>(r)] = cpu::quant_row_dot(v, r, permuted.data(), sums.data());
+         }
+       }));
+  if (y_rows != y_f32) {
+    std::fprintf(stderr, "error: the bench's f32 dots differ from CpuBackend::matmul's\n");
+    return 1;
+  }
+
+  cpu::Q8Activations xa;
+  const double quantise = best_of(reps, [&] { cpu::quantize_activations(x.data(), kIn, xa); });
+  std::printf("%-34s %10.2f\n", "quantize_activations (us)", quantise * 1e6);
+  std::vector<float> y_int8(kRows), y_scalar(kRows);  // f32 [2048]
+  cpu::int8_rows_dot(v, 0, kRows, xa, y_scalar.data(), cpu::Int8Isa::scalar);
+  for (cpu::Int8Isa isa : {cpu::Int8Isa::avx512_vnni, cpu::Int8Isa::avx_vnni, cpu::Int8Isa::avx2,
+                           cpu::Int8Isa::scalar}) {
+    if (!cpu::int8_isa_supported(isa)) {
+      std::printf("%-34s (not on this CPU)\n", (std::string("int8 ") + cpu::int8_isa_name(isa)).c_str());
+      continue;
+    }
+    const double t = best_of(reps, [&] { cpu::int8_rows_dot(v, 0, kRows, xa, y_int8.data(), isa); });
+    line(std::string("int8 ") + cpu::int8_isa_name(isa) + " (dots only)", t);
+    if (y_int8 != y_scalar) {
+      std::fprintf(stderr, "error: the %s path differs from the scalar path\n", cpu::int8_isa_name(isa));
+      return 1;
+    }
+  }
+  const cpu::Int8Isa best = cpu::Int8Isa::automatic;
+  line(std::string("int8 ") + cpu::int8_isa_name(best) + " + quantize", best_of(reps, [&] {
+         cpu::quantize_activations(x.data(), kIn, xa);
+         cpu::int8_rows_dot(v, 0, kRows, xa, y_int8.data(), best);
+       }));
+  std::printf("int8 vs f32 result: normalised difference %.3e (the activation quantisation)\n",
+              normalised_diff(y_int8, y_f32));
+  return 0;
+}
+
+}  // namespace
+}  // namespace lily::testing
+
+int main(int argc, char** argv) {
+  const int reps = argc > 1 ? std::atoi(argv[1]) : 50;
+  if (reps <= 0) {
+    std::fprintf(stderr, "error: repetitions must be a positive integer, got '%s'\n", argv[1]);
+    return 2;
+  }
+  return lily::testing::run(reps);
+}
