@@ -318,8 +318,15 @@ class Backend {
   bool has_armed_fault_ = false;
 };
 
+// How the CPU backend computes its one-token matrix-vector products (--cpu-precision;
+// docs/precision.md). exact: f32 on the dequantised codes, the reference path. fast: the input
+// quantised to int8 per group of 64 and integer dot products against the codes (AVX-512 VNNI,
+// AVX-VNNI or AVX2: backend/cpu/int8_dot.h), about 1e-2 relative per dot.
+enum class CpuPrecision { exact, fast };
+const char* cpu_precision_name(CpuPrecision precision);
+
 // The CPU backend (src/backend/cpu). threads = 0: all cores.
-std::unique_ptr<Backend> make_cpu_backend(int threads);
+std::unique_ptr<Backend> make_cpu_backend(int threads, CpuPrecision precision = CpuPrecision::exact);
 
 // The CUDA backend (src/backend/cuda) on device 0, with the code paths `options` allows
 // (backend/cuda/cuda_options.h). Throws std::runtime_error naming the reason when CUDA is

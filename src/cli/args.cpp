@@ -218,6 +218,24 @@ void check_device_option(const Args& args) {
     throw InputError(args.source("device") + " is \"" + device + "\", expected auto, cpu or cuda");
   }
   (void)cuda_options_from(args);
+  (void)cpu_precision_from(args);
+}
+
+CpuPrecision cpu_precision_from(const Args& args) {
+  const std::optional<std::string> text = args.get("cpu-precision");
+  if (!text) return CpuPrecision::exact;
+  if (args.get("device").value_or("auto") == "cuda") {
+    throw InputError(args.source("cpu-precision") + " applies to the CPU backend, not --device cuda");
+  }
+  if (*text == "exact") return CpuPrecision::exact;
+  if (*text == "fast") return CpuPrecision::fast;
+  throw InputError(args.source("cpu-precision") + " is \"" + *text + "\", expected exact or fast");
+}
+
+OptionSpec cpu_precision_option() {
+  return {"cpu-precision", true,
+          "CPU one-token matrix products: exact (f32, the default) or fast (int8 dot products, "
+          "about 1e-2 relative per dot; docs/precision.md)"};
 }
 
 CudaOptions cuda_options_from(const Args& args) {

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "backend/cuda/cuda_options.h"
 
 namespace lily {
@@ -82,6 +83,12 @@ CudaOptions cuda_options_from(const Args& args);
 
 // The OptionSpec of --cuda-disable, for the commands that take it.
 OptionSpec cuda_disable_option();
+
+// --cpu-precision exact|fast (run, serve, bench): how the CPU backend computes its one-token
+// matrix products (backend.h CpuPrecision; absent: exact). Anything else is an InputError,
+// and so is the option with --device cuda, where it could not apply.
+CpuPrecision cpu_precision_from(const Args& args);
+OptionSpec cpu_precision_option();
 
 // "  --name VALUE   help" lines for usage messages, each naming its environment variable
 // when `sources` has a prefix.

@@ -65,12 +65,15 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
   const uint64_t threads = args.uint_or("threads", 0, 0, 1024);
   const std::optional<KvDtype> kv_asked = kv_cache_option(args);
   const CudaOptions cuda_options = cuda_options_from(args);
+  const CpuPrecision cpu_precision = cpu_precision_from(args);
   BackendChoice choice;
   if (device == "cpu") {
     if (kv_asked == KvDtype::bf16) throw bf16_on_cpu(args, args.source("device") + " cpu was chosen");
-    choice.backend = make_cpu_backend(static_cast<int>(threads));
+    choice.backend = make_cpu_backend(static_cast<int>(threads), cpu_precision);
     choice.chunk = kCpuChunk;
     choice.kv_cache = KvDtype::f32;
+    std::fprintf(stderr, "lily: using the CPU (%d threads; %s); KV cache f32\n",
+                 choice.backend->threads(), choice.backend->code_path().c_str());
     return choice;
   }
   const KvDtype cuda_kv = kv_asked.value_or(kCudaDefaultKv);
@@ -104,22 +107,27 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
       choice.cuda_options = cuda_options;
       choice.chunk = kCudaChunk;
       choice.kv_cache = cuda_kv;
-      std::fprintf(stderr, "lily: --device auto: using CUDA on %s (%s); KV cache %s\n",
+      // A --cpu-precision has nothing to change on CUDA: said, not silently dropped.
+      const std::string unused = args.has("cpu-precision")
+                                     ? "; " + args.source("cpu-precision") + " does not apply"
+                                     : "";
+      std::fprintf(stderr, "lily: --device auto: using CUDA on %s (%s); KV cache %s%s\n",
                    choice.backend->device_name().c_str(), choice.backend->code_path().c_str(),
-                   kv_dtype_name(cuda_kv));
+                   kv_dtype_name(cuda_kv), unused.c_str());
       return choice;
     } catch (const std::exception& e) {
       why = e.what();
     }
   }
   if (kv_asked == KvDtype::bf16) throw bf16_on_cpu(args, "--device auto chose the CPU (" + why + ")");
-  choice.backend = make_cpu_backend(static_cast<int>(threads));
+  choice.backend = make_cpu_backend(static_cast<int>(threads), cpu_precision);
   choice.chunk = kCpuChunk;
   choice.kv_cache = KvDtype::f32;
   // A --cuda-disable list has nothing to switch off on the CPU: said, not silently dropped.
   const std::string unused_options =
       cuda_options.all_on() ? "" : "; " + args.source("cuda-disable") + " does not apply";
-  std::fprintf(stderr, "lily: --device auto: using the CPU (%s); KV cache f32%s\n", why.c_str(),
+  std::fprintf(stderr, "lily: --device auto: using the CPU (%s; %d threads; %s); KV cache f32%s\n",
+               why.c_str(), choice.backend->threads(), choice.backend->code_path().c_str(),
                unused_options.c_str());
   return choice;
 }

@@ -28,6 +28,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
       {"threads", true, "CPU threads (default: all cores; CPU backend only)"},
       {"kv-cache", true, "KV cache element type, f32 or bf16 (default f32; bf16 halves the KV bytes, CUDA only)"},
       cuda_disable_option(),
+      cpu_precision_option(),
       {"copy-probe-mib", true,
        "copy-bandwidth probe buffer in MiB, at least 256 so it exceeds the caches (default 512)"},
   };

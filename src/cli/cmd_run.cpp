@@ -53,6 +53,7 @@ int cmd_run(const std::vector<std::string>& argv) {
       {"threads", true, "CPU threads (default: all cores; CPU backend only)"},
       {"kv-cache", true, "KV cache element type, f32 or bf16 (default f32; bf16 halves the KV bytes, CUDA only)"},
       cuda_disable_option(),
+      cpu_precision_option(),
       {"ignore-eos", false, "do not stop at the checkpoint's stop tokens"},
   };
   const Args args(argv, spec);

@@ -99,6 +99,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
        "KV cache element type, f32 or bf16 (default f32; bf16 halves the state's KV bytes, "
        "CUDA only)"},
       cuda_disable_option(),
+      cpu_precision_option(),
       {"queue", true, "requests waiting behind the one running before 429 (default 16)"},
       {"http-threads", true, "threads parsing and tokenising requests (default 4)"},
       {"api-key", true, "require Authorization: Bearer KEY (default: none)"},

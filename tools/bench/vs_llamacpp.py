@@ -98,6 +98,8 @@ def run_lily(args: argparse.Namespace, ctx: int, stem: Path) -> dict[str, Any]:
     cmd = [str(args.lily), "bench", "--model", str(args.model), "--prompt-len", str(ctx),
            "--decode-steps", str(args.decode_steps), "--device", "cpu",
            "--threads", str(args.threads), "--json-out", str(report)]
+    if args.cpu_precision is not None:
+        cmd += ["--cpu-precision", args.cpu_precision]
     run(cmd, stem, args.timeout)
     try:
         data = json.loads(report.read_text())
@@ -110,6 +112,7 @@ def run_lily(args: argparse.Namespace, ctx: int, stem: Path) -> dict[str, Any]:
             "copy_bytes_per_s": float(data["bandwidth"]["copy_bytes_per_s"]),
             "commit": data.get("meta", {}).get("commit"),
             "dirty": data.get("meta", {}).get("dirty"),
+            "code_path": data.get("device", {}).get("code_path", ""),
         }
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise BenchError(f"{report}: not a lily-bench report with results and bandwidth ({e})") from e
@@ -185,6 +188,7 @@ def table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"* Machine: {meta['cpu']}; {meta['started']} to {meta['finished']}",
         f"* lily {meta['lily_commit']}{' (dirty)' if meta['lily_dirty'] else ''}, "
         f"llama.cpp {meta['llama_commit']}; {meta['rounds']} rounds, engine order alternating",
+        f"* lily's CPU path: {meta['lily_code_path'] or 'unknown'}",
         f"* Command: `{meta['command']}`",
         "",
         "| context | lily prefill tok/s | llama.cpp prefill tok/s | ratio | lily decode tok/s "
@@ -213,6 +217,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--contexts", default="256,4096", help="comma-separated contexts (default 256,4096)")
     p.add_argument("--rounds", type=int, default=2, help="rounds, >= 1 (default 2)")
     p.add_argument("--decode-steps", type=int, default=32, help="decode tokens per run (default 32)")
+    p.add_argument("--cpu-precision", choices=("exact", "fast"), default=None,
+                   help="lily's --cpu-precision (default: lily's default, exact)")
     p.add_argument("--timeout", type=float, default=0.0,
                    help="seconds one engine invocation may run (default 0: no limit)")
     p.add_argument("--no-preread", action="store_true",
@@ -270,6 +276,7 @@ def main(argv: list[str]) -> int:
         "rounds": args.rounds, "decode_steps": args.decode_steps,
         "lily_commit": runs[0]["lily"]["commit"], "lily_dirty": bool(runs[0]["lily"]["dirty"]),
         "llama_commit": runs[0]["llama"]["commit"],
+        "lily_code_path": runs[0]["lily"].get("code_path", ""),
         "command": " ".join([Path(sys.argv[0]).name] + argv),
     }
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows, "runs": runs},

@@ -7,12 +7,28 @@
 #include <numeric>
 
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/int8_dot.h"
 #include "backend/op_contract.h"
 
 namespace lily {
 
-std::unique_ptr<Backend> make_cpu_backend(int threads) {
-  return std::make_unique<CpuBackend>(threads);
+const char* cpu_precision_name(CpuPrecision precision) {
+  return precision == CpuPrecision::fast ? "fast" : "exact";
+}
+
+std::unique_ptr<Backend> make_cpu_backend(int threads, CpuPrecision precision) {
+  return std::make_unique<CpuBackend>(threads, precision);
+}
+
+std::string CpuBackend::code_path() const {
+  if (precision_ == CpuPrecision::exact) return "one-token GEMVs in f32 (--cpu-precision exact)";
+  return std::string("one-token GEMVs by int8 dot products, ") + cpu::int8_dot_isa() +
+         " (--cpu-precision fast)";
+}
+
+CpuBackend::DecodeInput& CpuBackend::decode_input(size_t index) {
+  while (decode_inputs_.size() <= index) decode_inputs_.emplace_back();
+  return decode_inputs_[index];
 }
 
 void CpuBackend::prepare(const ModelWeights& weights, const LoadProgressFn& /*progress*/) {

@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/cpu/int8_dot.h"
 #include "backend/cpu/thread_pool.h"
 
 namespace lily {
@@ -70,9 +71,13 @@ void token_logprobs_row(const float* logits, int64_t vocab, int32_t token, int t
 // Not final: tests derive probes from it (e.g. to observe routing margins).
 class CpuBackend : public Backend {
  public:
-  explicit CpuBackend(int threads) : pool_(threads) {}
+  explicit CpuBackend(int threads, CpuPrecision precision = CpuPrecision::exact)
+      : pool_(threads), precision_(precision) {}
 
   std::string name() const override { return "cpu"; }
+  // Which one-token GEMV path runs (--cpu-precision), and on which instructions.
+  std::string code_path() const override;
+  CpuPrecision precision() const { return precision_; }
   int threads() const override { return pool_.size(); }
   std::string device_name() const override;
   using Backend::prepare;
@@ -131,10 +136,27 @@ class CpuBackend : public Backend {
 
  private:
   // Scratch that only grows: after the first step of a shape nothing is allocated per call.
-  enum ScratchSlot { kSumsA, kSumsB, kPermutedA, kPermutedB, kProbs, kSlotCount };
+  enum ScratchSlot { kProbs, kSlotCount };
   float* scratch(ScratchSlot slot, size_t count);
 
+  // One token's input to the one-token GEMVs, prepared once per op call for the precision:
+  // exact: the permuted copy [in] f32 and the group sums [in / 64] f32 (quant_matmul.cpp);
+  // fast: the int8 quantisation (cpu/int8_dot.h). Reused: nothing is allocated per call once
+  // a shape has been seen.
+  struct DecodeInput {
+    bool fast = false;
+    std::vector<float> permuted;
+    std::vector<float> sums;
+    cpu::Q8Activations q8;
+    void prepare(const float* x, int64_t in, CpuPrecision precision);
+    float dot(const QuantView& w, int64_t row) const;  // sum_c W[row, c] x[c]
+  };
+  // The index-th input of an op (expert_down_combine prepares k + 1); grows on demand.
+  DecodeInput& decode_input(size_t index);
+
   ThreadPool pool_;
+  CpuPrecision precision_;
+  std::deque<DecodeInput> decode_inputs_;
   std::vector<float> scratch_[kSlotCount];
   std::vector<int32_t> order_;
   int32_t reads_[2] = {0, 0};

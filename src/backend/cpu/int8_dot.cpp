@@ -55,10 +55,22 @@ Row locate(const QuantView& w, int64_t row) {
              w.scales + row * groups * 2, w.biases + row * groups * 2, groups};
 }
 
-// Start of group g's even elements in Q8Activations::q4_order; its odd ones are 64 bytes on.
-inline const int8_t* q4_even(const Q8Activations& x, int64_t g) {
-  return x.q4_order.data() + (g / 2) * 128 + (g % 2) * 32;
+// One of the two int8 planes of Q8Activations (hi or lo), in both orders.
+struct Plane {
+  const int8_t* natural;   // int8 [in]
+  const int8_t* q4_order;  // int8 [pairs * 128]
+};
+inline Plane hi_plane(const Q8Activations& x) { return {x.natural.data(), x.q4_order.data()}; }
+inline Plane lo_plane(const Q8Activations& x) { return {x.natural_lo.data(), x.q4_order_lo.data()}; }
+
+// Start of group g's even elements in a plane's Q4 order; its odd ones are 64 bytes on.
+inline const int8_t* q4_even(const Plane& x, int64_t g) {
+  return x.q4_order + (g / 2) * 128 + (g % 2) * 32;
 }
+
+// The integer dot of a group with the combined code 128 * hi + lo: exact in int32 (at most
+// 128 * 255 * 127 * 64 + 255 * 64 * 64 < 2^31).
+inline int32_t combine(int32_t hi, int32_t lo) { return hi * 128 + lo; }
 
 // The f32 term of one group: (w_scale * x_scale) * isum + w_bias * sum(x), one rounding per
 // operation, in this order. Every path computes exactly this (the vector epilogue lane by lane).
@@ -66,7 +78,9 @@ inline float group_term(const Row& r, const Q8Activations& x, int64_t g, int32_t
   const float ws = load_bf16(r.scales + g * 2);
   const float wb = load_bf16(r.biases + g * 2);
   const float a = ws * x.scales[static_cast<size_t>(g)];
-  const float d = a * static_cast<float>(isum);  // exact: |isum| <= 255 * 127 * 64 < 2^24
+  // One rounding where |isum| > 2^24 (the Q8 codes' largest sums); the vector paths convert
+  // the same int32 the same way.
+  const float d = a * static_cast<float>(isum);
   const float b = wb * x.sums[static_cast<size_t>(g)];
   return d + b;
 }
@@ -103,9 +117,13 @@ template <int Bits>
 float row_dot_scalar(const Row& r, const Q8Activations& x) {
   float acc[kBlock] = {};
   for (int64_t g = 0; g < r.groups; ++g) {
+    const Plane hi = hi_plane(x);
+    const Plane lo = lo_plane(x);
     const int32_t isum =
-        Bits == 4 ? q4_group_scalar(r.codes + g * 32, q4_even(x, g), q4_even(x, g) + 64)
-                  : q8_group_scalar(r.codes + g * 64, x.natural.data() + g * kGroup);
+        Bits == 4 ? combine(q4_group_scalar(r.codes + g * 32, q4_even(hi, g), q4_even(hi, g) + 64),
+                            q4_group_scalar(r.codes + g * 32, q4_even(lo, g), q4_even(lo, g) + 64))
+                  : combine(q8_group_scalar(r.codes + g * 64, hi.natural + g * kGroup),
+                            q8_group_scalar(r.codes + g * 64, lo.natural + g * kGroup));
     float& lane = acc[g % kBlock];
     lane = lane + group_term(r, x, g, isum);
   }
@@ -162,6 +180,11 @@ LILY_TARGET_AVX2 inline __m256 epilogue_tail(__m256 acc, __m256i isum, int64_t c
   return _mm256_add_ps(acc, _mm256_load_ps(terms));
 }
 
+// combine() lane by lane.
+LILY_TARGET_AVX2 inline __m256i combine8(__m256i hi, __m256i lo) {
+  return _mm256_add_epi32(_mm256_slli_epi32(hi, 7), lo);
+}
+
 // reduce_accumulators on a vector: ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
 LILY_TARGET_AVX2 inline float reduce_accumulators(__m256 acc) {
   const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
@@ -174,22 +197,29 @@ LILY_TARGET_AVX2 inline float reduce_accumulators(__m256 acc) {
 // epilogue. A macro, not a template taking a lambda: each path's function must carry its own
 // target, and GCC inlines a callee only into callers whose target contains the callee's, so a
 // shared AVX2 driver could not inline the AVX-512 group sums.
-#define LILY_INT8_ROW_DOT(NAME, TARGET, SUMS)                      \
-  TARGET float NAME(const Row& r, const Q8Activations& x) {        \
-    __m256 acc = _mm256_setzero_ps();                              \
-    __m256i v[kBlock];                                             \
-    int64_t g = 0;                                                 \
-    for (; g + kBlock <= r.groups; g += kBlock) {                  \
-      SUMS(r, x, g, kBlock, v);                                    \
-      acc = epilogue8(acc, reduce8(v), r, x, g);                   \
-    }                                                              \
-    if (g < r.groups) {                                            \
-      const int64_t count = r.groups - g;                          \
-      for (int k = 0; k < kBlock; ++k) v[k] = _mm256_setzero_si256(); \
-      SUMS(r, x, g, count, v);                                     \
-      acc = epilogue_tail(acc, reduce8(v), count, r, x, g);        \
-    }                                                              \
-    return reduce_accumulators(acc);                               \
+#define LILY_INT8_ROW_DOT(NAME, TARGET, SUMS)                                 \
+  TARGET float NAME(const Row& r, const Q8Activations& x) {                   \
+    const Plane hi = hi_plane(x);                                             \
+    const Plane lo = lo_plane(x);                                             \
+    __m256 acc = _mm256_setzero_ps();                                         \
+    __m256i v[kBlock];                                                        \
+    int64_t g = 0;                                                            \
+    for (; g + kBlock <= r.groups; g += kBlock) {                             \
+      SUMS(r, hi, g, kBlock, v);                                              \
+      const __m256i isum_hi = reduce8(v);                                     \
+      SUMS(r, lo, g, kBlock, v);                                              \
+      acc = epilogue8(acc, combine8(isum_hi, reduce8(v)), r, x, g);           \
+    }                                                                         \
+    if (g < r.groups) {                                                       \
+      const int64_t count = r.groups - g;                                     \
+      for (int k = 0; k < kBlock; ++k) v[k] = _mm256_setzero_si256();         \
+      SUMS(r, hi, g, count, v);                                               \
+      const __m256i isum_hi = reduce8(v);                                     \
+      for (int k = 0; k < kBlock; ++k) v[k] = _mm256_setzero_si256();         \
+      SUMS(r, lo, g, count, v);                                               \
+      acc = epilogue_tail(acc, combine8(isum_hi, reduce8(v)), count, r, x, g); \
+    }                                                                         \
+    return reduce_accumulators(acc);                                          \
   }
 
 // ---------------------------------------------------------------------------------------------
@@ -219,15 +249,15 @@ LILY_TARGET_AVX2 inline __m256i q8_group_avx2(const uint8_t* c, const int8_t* xq
   return s;
 }
 
-LILY_TARGET_AVX2 inline void q4_sums_avx2(const Row& r, const Q8Activations& x, int64_t g,
+LILY_TARGET_AVX2 inline void q4_sums_avx2(const Row& r, const Plane& x, int64_t g,
                                           int64_t count, __m256i* v) {
   for (int64_t k = 0; k < count; ++k) v[k] = q4_group_avx2(r.codes + (g + k) * 32, q4_even(x, g + k));
 }
 
-LILY_TARGET_AVX2 inline void q8_sums_avx2(const Row& r, const Q8Activations& x, int64_t g,
+LILY_TARGET_AVX2 inline void q8_sums_avx2(const Row& r, const Plane& x, int64_t g,
                                           int64_t count, __m256i* v) {
   for (int64_t k = 0; k < count; ++k) {
-    v[k] = q8_group_avx2(r.codes + (g + k) * 64, x.natural.data() + (g + k) * kGroup);
+    v[k] = q8_group_avx2(r.codes + (g + k) * 64, x.natural + (g + k) * kGroup);
   }
 }
 
@@ -252,17 +282,17 @@ LILY_TARGET_AVX_VNNI inline __m256i q8_group_avx_vnni(const uint8_t* c, const in
   return _mm256_dpbusd_avx_epi32(s, loadu256(c + 32), loadu256(xq + 32));
 }
 
-LILY_TARGET_AVX_VNNI inline void q4_sums_avx_vnni(const Row& r, const Q8Activations& x, int64_t g,
+LILY_TARGET_AVX_VNNI inline void q4_sums_avx_vnni(const Row& r, const Plane& x, int64_t g,
                                                   int64_t count, __m256i* v) {
   for (int64_t k = 0; k < count; ++k) {
     v[k] = q4_group_avx_vnni(r.codes + (g + k) * 32, q4_even(x, g + k));
   }
 }
 
-LILY_TARGET_AVX_VNNI inline void q8_sums_avx_vnni(const Row& r, const Q8Activations& x, int64_t g,
+LILY_TARGET_AVX_VNNI inline void q8_sums_avx_vnni(const Row& r, const Plane& x, int64_t g,
                                                   int64_t count, __m256i* v) {
   for (int64_t k = 0; k < count; ++k) {
-    v[k] = q8_group_avx_vnni(r.codes + (g + k) * 64, x.natural.data() + (g + k) * kGroup);
+    v[k] = q8_group_avx_vnni(r.codes + (g + k) * 64, x.natural + (g + k) * kGroup);
   }
 }
 
@@ -287,25 +317,25 @@ LILY_TARGET_AVX512_VNNI inline __m512i q4_pair_avx512(__m512i codes, const int8_
 }
 
 // g is a multiple of 8, so this block's pairs start at group g.
-LILY_TARGET_AVX512_VNNI inline void q4_sums_avx512(const Row& r, const Q8Activations& x, int64_t g,
+LILY_TARGET_AVX512_VNNI inline void q4_sums_avx512(const Row& r, const Plane& x, int64_t g,
                                                    int64_t count, __m256i* v) {
   for (int64_t k = 0; k < count; k += 2) {
     const uint8_t* c = r.codes + (g + k) * 32;
     // A lone last group: load only its 32 code bytes, 4 of the 8 qwords (the row, and maybe
     // the buffer, ends there; a masked-off lane never faults); its partner in q4_order is zeros.
     const __m512i codes = k + 1 < count ? _mm512_loadu_si512(c) : _mm512_maskz_loadu_epi64(0x0F, c);
-    const __m512i s = q4_pair_avx512(codes, x.q4_order.data() + (g + k) * 64);
+    const __m512i s = q4_pair_avx512(codes, x.q4_order + (g + k) * 64);
     v[k] = _mm512_castsi512_si256(s);
     if (k + 1 < count) v[k + 1] = upper256(s);
   }
 }
 
-LILY_TARGET_AVX512_VNNI inline void q8_sums_avx512(const Row& r, const Q8Activations& x, int64_t g,
+LILY_TARGET_AVX512_VNNI inline void q8_sums_avx512(const Row& r, const Plane& x, int64_t g,
                                                    int64_t count, __m256i* v) {
   for (int64_t k = 0; k < count; ++k) {
     const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
                                           _mm512_loadu_si512(r.codes + (g + k) * 64),
-                                          _mm512_loadu_si512(x.natural.data() + (g + k) * kGroup));
+                                          _mm512_loadu_si512(x.natural + (g + k) * kGroup));
     v[k] = _mm256_add_epi32(_mm512_castsi512_si256(s), upper256(s));
   }
 }
@@ -379,14 +409,15 @@ void check(const char* op, const QuantView& w, int64_t row_begin, int64_t rows,
               ") outside weight " + w.name + "'s " + std::to_string(total) + " rows");
 }
 
-// One group of quantize_activations: xg f32 [64] to nat int8 [64] (element order) and even
-// int8 [32] / even + 64 int8 [32] (Q4 order), scale and sum. False (outputs unspecified) when an
+// One group of quantize_activations: xg f32 [64] to the hi and lo planes' nat int8 [64]
+// (element order) and even int8 [32] / even + 64 int8 [32] (Q4 order), the combined code's
+// unit scale and the sum. False (outputs unspecified) when an
 // element is not finite. Cloned per target like the f32 kernels (quantisation runs once per input
 // vector, not per row, but is a tenth of a 2048-row product when not vectorised); every clone
 // computes the same bits: max, division and rounding are exact IEEE operations, and the sum's
 // order is fixed (8 interleaved partial sums, then combined in a fixed order).
-LILY_CPU_CLONES bool quantize_group(const float* xg, int8_t* nat, int8_t* even, float& scale,
-                                    float& sum) {
+LILY_CPU_CLONES bool quantize_group(const float* xg, int8_t* nat, int8_t* even, int8_t* nat_lo,
+                                    int8_t* even_lo, float& scale, float& sum) {
   constexpr float kMax = 3.40282347e38f;  // FLT_MAX: |x| <= kMax fails for NaN and infinity
   float amax = 0.0f;
   int bad = 0;
@@ -405,19 +436,28 @@ LILY_CPU_CLONES bool quantize_group(const float* xg, int8_t* nat, int8_t* even, 
   }
   sum = static_cast<float>(((part[0] + part[4]) + (part[2] + part[6])) +
                            ((part[1] + part[5]) + (part[3] + part[7])));
-  scale = amax / 127.0f;
-  // |x| / scale <= 127 up to one f32 rounding (amax / scale = 127 * (1 +- 2^-23)), so the
-  // nearest integer (ties to even) is within [-127, 127]. A zero group (scale 0) gets codes 0,
-  // not 0 / 0.
-  const float s = scale;
+  // |x| / s <= 127 up to one f32 rounding (amax / s = 127 * (1 +- 2^-23)), so the nearest
+  // integer (ties to even) is within [-127, 127]: the hi code. What it leaves, x / s - hi, is
+  // in [-1/2, 1/2] and exact in f32 (hi is the nearest integer to x / s); times 128 (exact) and
+  // rounded it is the lo code, in [-64, 64]. x is then 128 * hi + lo units of s / 128, off by at
+  // most s / 256: 128 times closer than hi alone. A zero group (s = 0) gets codes 0, not 0 / 0.
+  const float s = amax / 127.0f;
+  scale = s / 128.0f;  // exact (a power of two) unless s is subnormal
   if (s > 0.0f) {
-    for (int i = 0; i < kGroup; ++i) nat[i] = static_cast<int8_t>(std::nearbyint(xg[i] / s));
+    for (int i = 0; i < kGroup; ++i) {
+      const float v = xg[i] / s;
+      const float hi = std::nearbyint(v);
+      nat[i] = static_cast<int8_t>(hi);
+      nat_lo[i] = static_cast<int8_t>(std::nearbyint((v - hi) * 128.0f));
+    }
   } else {
-    for (int i = 0; i < kGroup; ++i) nat[i] = 0;
+    for (int i = 0; i < kGroup; ++i) nat[i] = nat_lo[i] = 0;
   }
   for (int j = 0; j < 32; ++j) {  // element 2j to even[j], 2j+1 to the odd half at even[64 + j]
     even[j] = nat[2 * j];
     even[64 + j] = nat[2 * j + 1];
+    even_lo[j] = nat_lo[2 * j];
+    even_lo[64 + j] = nat_lo[2 * j + 1];
   }
   return true;
 }
@@ -458,13 +498,16 @@ void quantize_activations(const float* x, int64_t in, Q8Activations& out) {
   const int64_t pairs = (groups + 1) / 2;
   out.in = in;
   out.natural.resize(static_cast<size_t>(in));
+  out.natural_lo.resize(static_cast<size_t>(in));
   out.q4_order.assign(static_cast<size_t>(pairs * 128), 0);  // zeros: a lone last group's partner
+  out.q4_order_lo.assign(static_cast<size_t>(pairs * 128), 0);
   out.scales.resize(static_cast<size_t>(groups));
   out.sums.resize(static_cast<size_t>(groups));
   for (int64_t g = 0; g < groups; ++g) {
     const float* xg = x + g * kGroup;
-    if (!quantize_group(xg, out.natural.data() + g * kGroup,
-                        out.q4_order.data() + (g / 2) * 128 + (g % 2) * 32,
+    const int64_t q4_at = (g / 2) * 128 + (g % 2) * 32;
+    if (!quantize_group(xg, out.natural.data() + g * kGroup, out.q4_order.data() + q4_at,
+                        out.natural_lo.data() + g * kGroup, out.q4_order_lo.data() + q4_at,
                         out.scales[static_cast<size_t>(g)], out.sums[static_cast<size_t>(g)])) {
       int64_t bad = 0;
       while (std::isfinite(xg[bad])) ++bad;

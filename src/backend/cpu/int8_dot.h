@@ -31,16 +31,21 @@ const char* int8_isa_name(Int8Isa isa);
 // Whether this CPU can run the path (`automatic` and `scalar`: always).
 bool int8_isa_supported(Int8Isa isa);
 
-// An f32 input vector x [in] quantised for the integer dots. in % 64 == 0. Per group g of 64
-// elements: scale[g] = max|x| / 127 (f32), q = nearest integer of x / scale[g] (ties to even),
-// so every code is in [-127, 127] (-128 is never produced: the int8 range is symmetric); an
-// all-zero group has scale 0 and codes 0. sums[g] is the sum of the group's unquantised x,
-// added in float64 and rounded once to f32, for the bias term: only the scale term is
-// quantised, w_bias * sum(x) stays as exact as in the f32 path.
+// An f32 input vector x [in] quantised for the integer dots, in two int8 planes. in % 64 == 0.
+// Per group g of 64 elements, with s = max|x| / 127 (f32): the hi code is the nearest integer
+// of x / s (ties to even), in [-127, 127] (-128 is never produced: the range is symmetric);
+// the lo code is the nearest integer of (x / s - hi) * 128, in [-64, 64]. x is approximated by
+// the combined code 128 * hi + lo times scale[g] = s / 128, within s / 256: one int8 plane
+// alone (within s / 2) costs the model's logits about 1e-1 on the tiny goldens, two cost a
+// second integer dot per code vector. An all-zero group has scale 0 and codes 0. sums[g] is
+// the sum of the group's unquantised x, added in float64 and rounded once to f32, for the
+// bias term: only the scale term is quantised, w_bias * sum(x) stays as exact as in the f32
+// path.
 struct Q8Activations {
   int64_t in = 0;
-  // int8 [in]: element i at index i (the order of Q8 codes: byte i is element i).
+  // int8 [in]: element i at index i (the order of Q8 codes: byte i is element i). hi, lo.
   std::vector<int8_t> natural;
+  std::vector<int8_t> natural_lo;
   // int8 [pairs * 128], pairs = ceil(groups / 2): Q4 order. Byte i of a Q4 group holds
   // elements 2i (low nibble) and 2i+1 (high nibble), so the kernel multiplies the 32 low
   // nibbles with the group's even elements and the 32 high nibbles with its odd ones. Groups
@@ -50,7 +55,8 @@ struct Q8Activations {
   // p * 128 + (g % 2) * 32 and its odds 64 bytes further. A missing last group of an odd
   // count is zeros.
   std::vector<int8_t> q4_order;
-  std::vector<float> scales;  // f32 [groups]
+  std::vector<int8_t> q4_order_lo;  // the lo plane in the same order
+  std::vector<float> scales;  // f32 [groups]: the unit of the combined code, s / 128
   std::vector<float> sums;    // f32 [groups]
 
   int64_t groups() const { return in / 64; }
@@ -62,8 +68,9 @@ struct Q8Activations {
 void quantize_activations(const float* x, int64_t in, Q8Activations& out);
 
 // sum_c W[row, c] x[c] for one row of a Q4 or Q8 MLX affine weight, with x quantised:
-// per group g, t[g] = (w_scale[g] * x_scale[g]) * float(sum_i q_i * xq_i) + w_bias[g] * sums[g],
-// the integer sum exact in int32, the rest in f32 (multiply, multiply, multiply, add; never
+// per group g, t[g] = (w_scale[g] * x_scale[g]) * float(sum_i q_i * (128 hi_i + lo_i)) +
+// w_bias[g] * sums[g], the integer sum exact in int32 (two integer dots, combined), the rest in
+// f32 (multiply, multiply, multiply, add; never
 // fused). The t[g] are added into 8 f32 accumulators (group g into g % 8, in order of g),
 // then reduced as ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)). Every path evaluates
 // exactly this, so all paths give bit-identical results.

@@ -45,15 +45,14 @@ void CpuBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const
   const auto I = static_cast<int64_t>(gate.out);
   const auto in = static_cast<int64_t>(gate.in);
   if (n == 1) {  // decode: every (slot, row) is independent work
-    float* sums = scratch(kSumsA, static_cast<size_t>(in / 64));
-    float* permuted = scratch(kPermutedA, static_cast<size_t>(in));
-    cpu::prepare_input(x, in, permuted, sums);
+    DecodeInput& input = decode_input(0);
+    input.prepare(x, in, precision_);
     pool_.parallel_for(k * I, [&](int64_t begin, int64_t end) {
       for (int64_t item = begin; item < end; ++item) {
         const int64_t slot = item / I;
         const int64_t e = ids != nullptr ? ids[slot] : 0;
-        const float g = cpu::quant_row_dot(gate, e * I + item % I, permuted, sums);
-        const float u = cpu::quant_row_dot(up, e * I + item % I, permuted, sums);
+        const float g = input.dot(gate, e * I + item % I);
+        const float u = input.dot(up, e * I + item % I);
         h[item] = cpu::silu(g) * u;
       }
     });
@@ -87,24 +86,18 @@ void CpuBackend::expert_down_combine(const QuantView& down, const float* h, cons
   const auto H = static_cast<int64_t>(down.out);
   const auto I = static_cast<int64_t>(down.in);
   const auto S = static_cast<int64_t>(shared_down.in);
-  if (n == 1) {  // decode: activations prepared once, then independent output rows
-    float* sums = scratch(kSumsA, static_cast<size_t>(k * I / 64));
-    float* shared_sums = scratch(kSumsB, static_cast<size_t>(S / 64));
-    float* permuted = scratch(kPermutedA, static_cast<size_t>(k * I));
-    float* shared_permuted = scratch(kPermutedB, static_cast<size_t>(S));
-    for (int64_t j = 0; j < k; ++j) {
-      cpu::prepare_input(h + j * I, I, permuted + j * I, sums + j * I / 64);
-    }
-    cpu::prepare_input(shared_h, S, shared_permuted, shared_sums);
+  if (n == 1) {  // decode: activations prepared once (slot j in input j, shared in k), then rows
+    for (int64_t j = 0; j < k; ++j) decode_input(static_cast<size_t>(j)).prepare(h + j * I, I, precision_);
+    DecodeInput& shared_input = decode_input(static_cast<size_t>(k));
+    shared_input.prepare(shared_h, S, precision_);
     const float gate = cpu::sigmoid(shared_logit[0]);
     pool_.parallel_for(H, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         float acc = 0.0f;
         for (int64_t j = 0; j < k; ++j) {
-          acc += weights[j] *
-                 cpu::quant_row_dot(down, ids[j] * H + r, permuted + j * I, sums + j * I / 64);
+          acc += weights[j] * decode_inputs_[static_cast<size_t>(j)].dot(down, ids[j] * H + r);
         }
-        out[r] = acc + gate * cpu::quant_row_dot(shared_down, r, shared_permuted, shared_sums);
+        out[r] = acc + gate * shared_input.dot(shared_down, r);
       }
     });
     return;

@@ -3,6 +3,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
+#include "backend/cpu/int8_dot.h"
 #include "backend/op_contract.h"
 
 namespace lily::cpu {
@@ -146,19 +147,41 @@ void DecodedRow::load(const QuantView& weight, int64_t row) {
 
 namespace lily {
 
+// Here, beside prepare_input's definition: a target_clones function called from another file
+// gets a resolver there that may not find the clones at link time.
+void CpuBackend::DecodeInput::prepare(const float* x, int64_t in, CpuPrecision precision) {
+  fast = precision == CpuPrecision::fast;
+  if (fast) {
+    cpu::quantize_activations(x, in, q8);
+    return;
+  }
+  if (permuted.size() < static_cast<size_t>(in)) permuted.resize(static_cast<size_t>(in));
+  if (sums.size() < static_cast<size_t>(in / 64)) sums.resize(static_cast<size_t>(in / 64));
+  cpu::prepare_input(x, in, permuted.data(), sums.data());
+}
+
+float CpuBackend::DecodeInput::dot(const QuantView& w, int64_t row) const {
+  return fast ? cpu::int8_row_dot(w, row, q8) : cpu::quant_row_dot(w, row, permuted.data(), sums.data());
+}
+
 void CpuBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x,
                         int64_t n, float* y) {
   contract::check_matmul(w, row_begin, rows, x, n, y);
   const auto in = static_cast<int64_t>(w.in);
-  // Decode (n == 1) reads the packed rows with prepared activations; prefill dequantises rows.
-  float* sums = n == 1 ? scratch(kSumsA, static_cast<size_t>(in / 64)) : nullptr;
-  float* permuted = n == 1 ? scratch(kPermutedA, static_cast<size_t>(in)) : nullptr;
-  if (n == 1) cpu::prepare_input(x, in, permuted, sums);
+  // Decode (n == 1) reads the packed rows with the input prepared once for the precision
+  // (exact f32 or int8); prefill dequantises rows.
+  DecodeInput* input = nullptr;
+  if (n == 1) {
+    input = &decode_input(0);
+    input->prepare(x, in, precision_);
+  }
   pool_.parallel_for(rows, [&](int64_t begin, int64_t end) {
     if (n == 1) {  // decode: one pass over the packed row
-      for (int64_t r = begin; r < end; ++r) {
-        y[r] = cpu::quant_row_dot(w, row_begin + r, permuted, sums);
+      if (input->fast) {
+        cpu::int8_rows_dot(w, row_begin + begin, end - begin, input->q8, y + begin);
+        return;
       }
+      for (int64_t r = begin; r < end; ++r) y[r] = input->dot(w, row_begin + r);
       return;
     }
     thread_local cpu::DecodedRow decoded;  // prefill: unpack each row once, reuse it for every token

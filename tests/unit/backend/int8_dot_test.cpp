@@ -146,10 +146,10 @@ double bf16_at(const std::byte* p, int64_t i) {
 
 // Float64 figures of one row.
 struct RowRef {
-  double quantised = 0;  // sum_g s*xs*sum(q*xq) + b*sums[g]: the kernel's maths, exactly
+  double quantised = 0;  // sum_g s*xs*sum(q*xq) + b*sums[g], xq = 128 hi + lo: the kernel's maths
   double terms = 0;      // sum_g |s*xs*sum(q*xq)| + |b*sums[g]|: scale of its f32 rounding
   double exact = 0;      // sum_c (s*q_c + b) x_c with the unquantised x
-  double bound = 0;      // sum_g |s| * xs * (1/2 + 1e-5) * sum_i q_i: the quantisation error bound
+  double bound = 0;      // sum_g |s| * xs * (1/2 + 1e-3) * sum_i q_i: the quantisation error bound
 };
 
 RowRef reference(const QuantView& w, int64_t row, const Q8Activations& xa, const std::vector<float>& x) {
@@ -165,14 +165,15 @@ RowRef reference(const QuantView& w, int64_t row, const Q8Activations& xa, const
     double isum = 0, qsum = 0;
     for (int64_t i = 0; i < 64; ++i) {
       const auto c = static_cast<size_t>(g * 64 + i);
-      isum += static_cast<double>(q[c]) * static_cast<double>(xa.natural[c]);
+      isum += static_cast<double>(q[c]) * (128.0 * xa.natural[c] + xa.natural_lo[c]);
       qsum += static_cast<double>(q[c]);
       r.exact += (s * static_cast<double>(q[c]) + b) * static_cast<double>(x[c]);
     }
     r.quantised += s * xs * isum + b * sum;
     r.terms += std::fabs(s * xs * isum) + std::fabs(b * sum);
-    // |xq - x/xs| <= 1/2, plus the f32 rounding of x / xs (at most 127 * 2^-24 < 1e-5).
-    r.bound += std::fabs(s) * xs * (0.5 + 1e-5) * qsum;
+    // |xq - x/xs| <= 1/2 in units of xs (= s_x / 128), plus the f32 rounding of x / s_x (at
+    // most 127 * 2^-24 s_x, i.e. 128 * 127 * 2^-24 < 1e-3 units).
+    r.bound += std::fabs(s) * xs * (0.5 + 1e-3) * qsum;
   }
   return r;
 }
@@ -237,6 +238,8 @@ TEST(Int8Dot, QuantisesSymmetricallyPerGroupInTheDocumentedLayouts) {
     ASSERT_EQ(xa.in, in);
     const int64_t groups = in / 64;
     ASSERT_EQ(static_cast<int64_t>(xa.q4_order.size()), (groups + 1) / 2 * 128);
+    ASSERT_EQ(static_cast<int64_t>(xa.q4_order_lo.size()), (groups + 1) / 2 * 128);
+    ASSERT_EQ(static_cast<int64_t>(xa.natural_lo.size()), in);
     for (int64_t g = 0; g < groups; ++g) {
       float amax = 0;
       double sum = 0;
@@ -244,25 +247,33 @@ TEST(Int8Dot, QuantisesSymmetricallyPerGroupInTheDocumentedLayouts) {
         amax = std::max(amax, std::fabs(x[static_cast<size_t>(g * 64 + i)]));
         sum += static_cast<double>(x[static_cast<size_t>(g * 64 + i)]);
       }
-      const float scale = xa.scales[static_cast<size_t>(g)];
-      EXPECT_EQ(scale, amax / 127.0f) << "group " << g;
+      // The hi code's step s = max|x| / 127; the stored scale is the combined code's unit s / 128.
+      const float scale = amax / 127.0f;
+      EXPECT_EQ(xa.scales[static_cast<size_t>(g)], scale / 128.0f) << "group " << g;
       EXPECT_EQ(xa.sums[static_cast<size_t>(g)], static_cast<float>(sum)) << "group " << g;
       int max_code = 0;
       for (int64_t i = 0; i < 64; ++i) {
         const auto c = static_cast<size_t>(g * 64 + i);
         const int q = xa.natural[c];
+        const int lo = xa.natural_lo[c];
         ASSERT_GE(q, -127);
         ASSERT_LE(q, 127);
+        ASSERT_GE(lo, -64);
+        ASSERT_LE(lo, 64);
         max_code = std::max(max_code, std::abs(q));
         if (scale == 0) {
           ASSERT_EQ(q, 0);
+          ASSERT_EQ(lo, 0);
         } else {
           const double exact = static_cast<double>(x[c]) / static_cast<double>(scale);
           ASSERT_LE(std::fabs(q - exact), 0.5 + 1e-5) << "element " << c;
+          // The two planes together: within half a unit of s / 128 (plus the f32 rounding).
+          ASSERT_LE(std::fabs(128.0 * q + lo - 128.0 * exact), 0.5 + 1e-3) << "element " << c;
         }
         // Q4 order: element 2j at even[j], 2j+1 at even[64 + j], pairs of groups interleaved.
         const auto pos = static_cast<size_t>((g / 2) * 128 + (g % 2) * 32 + (i % 2) * 64 + i / 2);
         ASSERT_EQ(xa.q4_order[pos], xa.natural[c]) << "element " << c;
+        ASSERT_EQ(xa.q4_order_lo[pos], xa.natural_lo[c]) << "element " << c;
       }
       EXPECT_EQ(max_code, scale == 0 ? 0 : 127) << "group " << g;
     }
@@ -345,9 +356,10 @@ TEST(Int8Dot, MatchesFloat64ReferencesAndEveryPathIsBitIdentical) {
       std::printf("[int8] %s: worst f32 rounding %.2e of the terms, worst error/bound %.3f\n",
                   label.c_str(), worst_rounding, worst_bound_ratio);
       EXPECT_LT(fq.normalised, 1e-6);
-      // Quantisation must show: an x that slipped through unquantised would give ~1e-7.
-      EXPECT_GT(fx.normalised, 1e-4) << label;
-      EXPECT_LT(fx.normalised, 3e-2) << label;
+      // Quantisation must show: an x that slipped through unquantised would give ~1e-7. With
+      // both planes it is 1.8e-5 to 1.3e-4 here (one plane alone: 3.5e-3 to 1.4e-2).
+      EXPECT_GT(fx.normalised, 3e-6) << label;
+      EXPECT_LT(fx.normalised, 5e-4) << label;
       // (2) every path, multi-row and single-row, bit for bit.
       for (Int8Isa isa : paths) {
         std::vector<float> y(static_cast<size_t>(rows), -1.0f);

@@ -20,5 +20,25 @@ TEST_P(GoldenTest, GreedyTokensAndTopLogitsMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Tiny, GoldenTest, ::testing::ValuesIn(testing::golden_files()),
                          [](const auto& param_info) { return testing::golden_test_name(param_info.param); });
 
+// --cpu-precision fast: the one-token matrix products by int8 dot products (the prefill stays
+// exact f32).
+constexpr double kFastLogitTolerance = 5e-3;
+constexpr double kFastMarginTolerance = 5e-3;
+constexpr double kFastRouterTie = 4e-4;
+constexpr double kFastRouterFlipLogitTolerance = 1e-1;
+
+class FastGoldenTest : public ::testing::TestWithParam<std::filesystem::path> {};
+
+TEST_P(FastGoldenTest, GreedyTokensAndTopLogitsMatchTransformers) {
+  std::unique_ptr<Backend> backend = make_cpu_backend(0, CpuPrecision::fast);
+  ASSERT_NE(backend->code_path().find("int8"), std::string::npos) << backend->code_path();
+  testing::check_golden(GetParam(), *backend, 256,
+                        {kFastLogitTolerance, kFastMarginTolerance, kFastRouterTie,
+                         kFastRouterFlipLogitTolerance});
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, FastGoldenTest, ::testing::ValuesIn(testing::golden_files()),
+                         [](const auto& param_info) { return testing::golden_test_name(param_info.param); });
+
 }  // namespace
 }  // namespace lily
