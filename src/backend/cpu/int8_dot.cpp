@@ -378,9 +378,11 @@ using RowDot = float (*)(const Row&, const Q8Activations&);
 
 RowDot select(Int8Isa isa, int bits) {
   if (isa == Int8Isa::automatic) isa = best();
-  require(int8_isa_supported(isa), "int8_dot",
-          std::string("the ") + int8_isa_name(isa) + " path was forced but this CPU lacks it (best: " +
-              int8_isa_name(best()) + ")");
+  if (!int8_isa_supported(isa)) {  // the message only on failure: select runs for every row
+    require(false, "int8_dot",
+            std::string("the ") + int8_isa_name(isa) + " path was forced but this CPU lacks it (best: " +
+                int8_isa_name(best()) + ")");
+  }
   switch (isa) {
     case Int8Isa::avx512_vnni: return bits == 4 ? row_dot_q4_avx512 : row_dot_q8_avx512;
     case Int8Isa::avx_vnni: return bits == 4 ? row_dot_q4_avx_vnni : row_dot_q8_avx_vnni;
@@ -391,8 +393,16 @@ RowDot select(Int8Isa isa, int bits) {
   return bits == 4 ? row_dot_scalar<4> : row_dot_scalar<8>;
 }
 
+// Called for every row a decode op reads: the messages are built only on failure (building
+// them eagerly cost more than the row's dot).
 void check(const char* op, const QuantView& w, int64_t row_begin, int64_t rows,
            const Q8Activations& x) {
+  const auto total = static_cast<int64_t>(w.rows());
+  const bool ok = (w.bits == 4 || w.bits == 8) && w.codes != nullptr && w.scales != nullptr &&
+                  w.biases != nullptr && static_cast<int64_t>(w.in) == x.in && x.in > 0 &&
+                  x.in % kGroup == 0 && row_begin >= 0 && rows >= 0 && row_begin <= total &&
+                  rows <= total - row_begin;
+  if (ok) return;
   require(w.bits == 4 || w.bits == 8, op,
           "weight " + w.name + " has " + std::to_string(w.bits) + " bits per code, expected 4 or 8");
   require(w.codes != nullptr && w.scales != nullptr && w.biases != nullptr, op,
@@ -403,8 +413,7 @@ void check(const char* op, const QuantView& w, int64_t row_begin, int64_t rows,
   require(x.in > 0 && x.in % kGroup == 0, op,
           "activations of " + std::to_string(x.in) + " elements, expected a positive multiple of 64 "
           "(quantize_activations fills them)");
-  const auto total = static_cast<int64_t>(w.rows());
-  require(row_begin >= 0 && rows >= 0 && row_begin <= total && rows <= total - row_begin, op,
+  require(false, op,
           "rows [" + std::to_string(row_begin) + ", " + std::to_string(row_begin + rows) +
               ") outside weight " + w.name + "'s " + std::to_string(total) + " rows");
 }
