@@ -126,9 +126,9 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
   // A --cuda-disable list has nothing to switch off on the CPU: said, not silently dropped.
   const std::string unused_options =
       cuda_options.all_on() ? "" : "; " + args.source("cuda-disable") + " does not apply";
-  std::fprintf(stderr, "lily: --device auto: using the CPU (%s; %d threads; %s); KV cache f32%s\n",
-               why.c_str(), choice.backend->threads(), choice.backend->code_path().c_str(),
-               unused_options.c_str());
+  std::fprintf(stderr, "lily: --device auto: using the CPU (%s); KV cache f32%s; %d threads, %s\n",
+               why.c_str(), unused_options.c_str(), choice.backend->threads(),
+               choice.backend->code_path().c_str());
   return choice;
 }
 

@@ -2,8 +2,8 @@
 """Side-by-side CPU benchmark: `lily bench --device cpu` against llama.cpp's `llama-bench`.
 
 Both engines run the same model shape (lily: a `lily make-checkpoint --profile full`
-directory; llama.cpp: the GGUF of the same shape that ../shared/peers/synth_qwen35moe_gguf.py
-writes) with the same thread count, at each context, in rounds whose engine order alternates
+directory; llama.cpp: a synthetic GGUF of the same shape, written with llama.cpp's gguf-py
+outside the repository) with the same thread count, at each context, in rounds whose engine order alternates
 (round 0: lily first, round 1: llama.cpp first, ...), so that slow drift of the machine
 (thermal, page cache) falls on both. Nothing here is needed to build or test lily: the
 llama.cpp build and the GGUF are arguments.
