@@ -430,7 +430,8 @@ LILY_CPU_CLONES bool quantize_group(const float* xg, int8_t* nat, int8_t* even, 
   constexpr float kMax = 3.40282347e38f;  // FLT_MAX: |x| <= kMax fails for NaN and infinity
   float amax = 0.0f;
   int bad = 0;
-#pragma omp simd reduction(max : amax) reduction(| : bad)
+  // A plain loop (max and | do not depend on the order): clang refuses, as an error under
+  // -Werror, to honour `omp simd` reductions over std::max here.
   for (int i = 0; i < kGroup; ++i) {
     const float a = std::fabs(xg[i]);
     bad |= a <= kMax ? 0 : 1;
