@@ -235,7 +235,7 @@ CpuPrecision cpu_precision_from(const Args& args) {
 OptionSpec cpu_precision_option() {
   return {"cpu-precision", true,
           "CPU one-token matrix products: exact (f32, the default) or fast (int8 dot products, "
-          "about 1e-2 relative per dot; docs/precision.md)"};
+          "about 5e-5 relative per dot; docs/precision.md)"};
 }
 
 CudaOptions cuda_options_from(const Args& args) {
