@@ -108,7 +108,18 @@ class Bf16AttentionRunner {
       cuda_.copy_from_host(&p, 1, pos_);
       pos = SeqPos(0, pos_);  // the host hint is ignored by contract
     }
+    const uint64_t tc_before = path_counts(cuda_).tensor_core_decode_attention;
     cuda_.attention(dqg, dk, dv, k_bf16_, v_bf16_, capacity_, dims_, pos, n, out_bf16);
+    // The model's shape (head_dim 256, query groups of 8) decodes on tensor cores where the
+    // device has the shared memory (an H200 must); everything else on CUDA cores.
+    const bool model_shape = dims_.head_dim == 256 && dims_.q_heads == 8 * dims_.kv_heads;
+    const bool tc_device = cuda_.code_path().find("bf16 decode attention on tensor cores") != std::string::npos;
+    if (cuda_.code_path().find("compute capability 9.0") != std::string::npos) {
+      EXPECT_TRUE(tc_device) << cuda_.code_path();
+    }
+    EXPECT_EQ(path_counts(cuda_).tensor_core_decode_attention - tc_before,
+              n == 1 && model_shape && tc_device ? 1u : 0u)
+        << dims_label(dims_) << " n=" << n;
     cuda_.attention(dqg, dk, dv, k_f32_, v_f32_, capacity_, dims_, pos, n, out_f32);
     const std::vector<float> got = to_host(cuda_, out_bf16, out_size);
     const std::vector<float> f32 = to_host(cuda_, out_f32, out_size);
@@ -199,6 +210,12 @@ TEST(CudaAttention, Bf16CacheLongHistory) {
     r.fill(rng, 19990);
     r.step(rng, 19990, 1, "decode pos=19990", true);
     r.step(rng, 19991, 9, "prefill n=9 pos=19991 (fills capacity)", false);
+  }
+  {  // The model's shape at the milestone's context: every split of the grid holds ~2,000 keys.
+    Bf16AttentionRunner r(AttentionDims{16, 2, 256, 64, 1e7}, 131080, *be);
+    r.fill(rng, 131072);
+    r.step(rng, 131072, 1, "decode pos=131072", true);
+    r.step(rng, 131073, 1, "decode pos=131073 (host pos)", false);
   }
 }
 

@@ -26,6 +26,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace lily::cuda {
 
@@ -498,6 +499,269 @@ __global__ void __launch_bounds__(D)
   o[d] = acc / total * sigmoidf_(gate);
 }
 
+// ============================== decode on tensor cores (bf16 cache) =====================
+// For the model's shape (head_dim 256, query groups of 8) over a bf16 cache: the same split-K
+// partials as decode_split_kernel, but both products on mma.sync m16n8k16 (bf16 x bf16 -> f32).
+// At long contexts the CUDA-core kernel is bound by instruction issue once the cache is bf16
+// (every key costs each lane 64 FMAs per product plus the widening); here a 16-key tile costs a
+// warp 64 MMAs.
+//
+// Exactness: the keys and values are bf16 already (exact MMA inputs). The queries and the
+// softmax weights are not, so each is split into two bf16 terms, x = hi + lo (hi = bf16(x),
+// lo = bf16(x - hi): together ~2^-17 relative), and the two terms fill the two halves of the
+// MMA's 16 rows: rows 0-7 are the 8 query heads' hi terms, rows 8-15 their lo terms. A thread's
+// accumulator fragment holds row g and row g + 8, so it adds the halves itself. Scores are
+// (sum of the halves) * scale, weights expf(s - max) as in the CUDA-core kernel; results match
+// it to f32 rounding, not bit for bit (the MMA's summation order is its own).
+//
+// Fragments (thread (g, t) = (lane / 4, lane % 4); PTX ISA, "mma.m16n8k16" for .bf16):
+//   S = Q K^T per tile: M = 16 (q hi | q lo), N = 8 keys (two n-tiles: keys 0-7, 8-15), K = 256
+//   dims in 16 k-steps. A dot product does not care in which order the dims are summed, so the
+//   k index is permuted to make every B load one 16-byte read: in k-steps 2p and 2p + 1 thread t
+//   holds dims 32p + 8t .. +7 of its key (key g of the n-tile), as b = (x, y) for step 2p and
+//   (z, w) for step 2p + 1; the query fragments use the same permutation.
+//   O += P V per tile: M = 16 (p hi | p lo), K = the tile's 16 keys (one k-step, natural order:
+//   the score fragment of a thread, keys 2t, 2t+1, 8+2t, 9+2t of head g, is exactly the A
+//   fragment it needs), N = 256 dims in 32 n-tiles. The output dims are permuted too: n-tile
+//   8q + i, column n is dim 64q + 8n + i, so thread (g, t) reads 16 bytes of each of its keys'
+//   rows (dims 64q + 8g .. +7) and packs pairs of keys with one byte permute per register.
+// Staging: each warp streams its own tiles (keys begin + 16 (warp + 4i) ..) through a ring of
+// kTcStages buffers with cp.async (rows past the split's end are zero-filled, their scores
+// -inf), so no block-wide barrier runs in the main loop. Key rows are padded to 576 bytes and
+// value rows to 528 so that the 16-byte fragment reads of a quarter warp hit distinct banks.
+// The new row P: the block whose range holds it writes it to the cache before any staging
+// (then reads it back like every other row), so no block reads a row another block writes.
+constexpr int kTcD = 256;
+constexpr int kTcG = 8;
+constexpr int kTcWarps = 4;
+constexpr int kTcThreads = kTcWarps * 32;
+constexpr int kTcKeys = 16;                        // keys per tile: one k-step of P V
+constexpr int kTcStages = 2;                       // tiles in flight per warp
+constexpr int kTcKStride = kTcD * 2 + 64;          // bytes per staged key row
+constexpr int kTcVStride = kTcD * 2 + 16;          // bytes per staged value row
+constexpr int kTcStageBytes = kTcKeys * (kTcKStride + kTcVStride);
+constexpr int kTcKSteps = kTcD / 16;               // 16 k-steps of Q K^T
+constexpr int kTcQBytes = kTcKSteps * 32 * 16;     // query fragments: [k-step][lane] uint4
+constexpr int kTcNTiles = kTcD / 8;                // 32 n-tiles of P V
+constexpr size_t kTcSmemBytes =
+    static_cast<size_t>(kTcWarps) * kTcStages * kTcStageBytes + kTcQBytes;
+static_assert(static_cast<size_t>(kTcG) * kTcD * sizeof(float) <=
+                  static_cast<size_t>(kTcWarps) * kTcStages * kTcStageBytes,
+              "the block merge reuses the staging buffers");
+
+// Whether the tensor-core decode kernel takes this shape and cache type.
+template <int D, int G, typename KV>
+constexpr bool kTensorCoreDecode = kIsBf16<KV> && D == kTcD && G == kTcG;
+
+// Grid (kv_heads, splits), kTcThreads threads, kTcSmemBytes of dynamic shared memory. Partials
+// as decode_split_kernel: o [kv_heads, splits, 8, 256], ml [kv_heads, splits, 8, 2].
+__global__ void __launch_bounds__(kTcThreads, 1)
+    decode_tc_kernel(const float* qg, const float* k, const float* v, __nv_bfloat16* k_cache,
+                     __nv_bfloat16* v_cache, int64_t capacity, int kv_heads, int64_t pos_host,
+                     const int32_t* pos_device, int splits, float scale, float* part_o,
+                     float* part_ml) {
+  extern __shared__ __align__(16) unsigned char tc_smem[];
+  __shared__ float s_m[kTcWarps][kTcG];
+  __shared__ float s_l[kTcWarps][kTcG];
+  grid_dependency_wait();
+  const int64_t P = read_position(pos_host, pos_device);
+  if (P < 0 || P >= capacity) return;
+  const int64_t keys = P + 1;
+  const int split = blockIdx.y;
+  const int64_t kps = keys_per_split(keys, splits);
+  const int64_t begin = static_cast<int64_t>(split) * kps;
+  if (begin >= keys) return;  // empty split: the combine never reads it
+  const int64_t end = begin + kps < keys ? begin + kps : keys;
+  const int kvh = blockIdx.x;
+  const int64_t row = static_cast<int64_t>(kv_heads) * kTcD;  // cache elements per position
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;  // fragment row group: query head g (hi in row g, lo in row g + 8)
+  const int t = lane & 3;
+
+  if (begin <= P && P < end) {
+    for (int i = threadIdx.x; i < kTcD; i += kTcThreads) {
+      k_cache[P * row + kvh * kTcD + i] = to_cache<__nv_bfloat16>(k[kvh * kTcD + i]);
+      v_cache[P * row + kvh * kTcD + i] = to_cache<__nv_bfloat16>(v[kvh * kTcD + i]);
+    }
+  }
+  // Query fragments, [k-step][lane] (the permuted dims above), split hi | lo; warp w forms
+  // k-steps w, w + 4, ...
+  uint4* q_frag = reinterpret_cast<uint4*>(tc_smem + kTcWarps * kTcStages * kTcStageBytes);
+  {
+    const float* q = qg + static_cast<int64_t>(kvh * kTcG + g) * 2 * kTcD;
+    for (int ks = warp; ks < kTcKSteps; ks += kTcWarps) {
+      const int d = 32 * (ks >> 1) + 8 * t + 4 * (ks & 1);
+      const float4 x = *reinterpret_cast<const float4*>(q + d);
+      const float h0 = __bfloat162float(__float2bfloat16_rn(x.x));
+      const float h1 = __bfloat162float(__float2bfloat16_rn(x.y));
+      const float h2 = __bfloat162float(__float2bfloat16_rn(x.z));
+      const float h3 = __bfloat162float(__float2bfloat16_rn(x.w));
+      q_frag[ks * 32 + lane] = make_uint4(ptx::pack_bf16(h0, h1), ptx::pack_bf16(x.x - h0, x.y - h1),
+                                          ptx::pack_bf16(h2, h3), ptx::pack_bf16(x.z - h2, x.w - h3));
+    }
+  }
+  __threadfence_block();  // row P's stores before any thread stages it
+  __syncthreads();
+
+  const int64_t tiles = (end - begin + kTcKeys - 1) / kTcKeys;
+  unsigned char* ring = tc_smem + warp * kTcStages * kTcStageBytes;
+  const __nv_bfloat16* k_head = k_cache + kvh * kTcD;
+  const __nv_bfloat16* v_head = v_cache + kvh * kTcD;
+  // Stage the tile's 16 key rows and 16 value rows (32 chunks of 16 bytes each): one row per
+  // warp instruction, rows at or past `end` zero-filled without a read.
+  auto stage = [&](int64_t tile, int buffer) {
+    unsigned char* kb = ring + buffer * kTcStageBytes;
+    unsigned char* vb = kb + kTcKeys * kTcKStride;
+    const int64_t first = begin + tile * kTcKeys;
+#pragma unroll 4
+    for (int r = 0; r < kTcKeys; ++r) {
+      const int64_t j = first + r;
+      const bool live = j < end;
+      const int64_t at = (live ? j : begin) * row + lane * 8;
+      ptx::cp_async16(ptx::smem_u32(kb + r * kTcKStride + lane * 16), k_head + at, live ? 16 : 0);
+      ptx::cp_async16(ptx::smem_u32(vb + r * kTcVStride + lane * 16), v_head + at, live ? 16 : 0);
+    }
+  };
+#pragma unroll
+  for (int s = 0; s < kTcStages; ++s) {
+    const int64_t tile = warp + static_cast<int64_t>(s) * kTcWarps;
+    if (tile < tiles) stage(tile, s);
+    ptx::cp_async_commit();  // empty groups too: the wait below counts groups
+  }
+
+  float m_run = kNegInf;  // head g's running max (equal on its 4 threads)
+  float l_run = 0.0f;     // this thread's share of head g's running sum (its 4 keys a tile)
+  float acc[kTcNTiles][4];
+#pragma unroll
+  for (int n = 0; n < kTcNTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+
+  int buffer = 0;
+  for (int64_t tile = warp; tile < tiles; tile += kTcWarps) {
+    ptx::cp_async_wait<kTcStages - 1>();
+    __syncwarp();
+    const unsigned char* kb = ring + buffer * kTcStageBytes;
+    const unsigned char* vb = kb + kTcKeys * kTcKStride;
+
+    // S = Q K^T: n-tile 0 holds keys 0-7 (this thread loads key g), n-tile 1 keys 8-15.
+    float sc[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int p = 0; p < kTcKSteps / 2; ++p) {
+      const uint4 k0 = *reinterpret_cast<const uint4*>(kb + g * kTcKStride + 64 * p + 16 * t);
+      const uint4 k1 = *reinterpret_cast<const uint4*>(kb + (g + 8) * kTcKStride + 64 * p + 16 * t);
+      const uint4 qa = q_frag[(2 * p) * 32 + lane];
+      const uint4 qb = q_frag[(2 * p + 1) * 32 + lane];
+      const uint32_t a0[4] = {qa.x, qa.y, qa.z, qa.w};
+      const uint32_t a1[4] = {qb.x, qb.y, qb.z, qb.w};
+      ptx::mma_bf16(sc[0], a0, k0.x, k0.y);
+      ptx::mma_bf16(sc[1], a0, k1.x, k1.y);
+      ptx::mma_bf16(sc[0], a1, k0.z, k0.w);
+      ptx::mma_bf16(sc[1], a1, k1.z, k1.w);
+    }
+    // Head g's scores of keys 2t, 2t+1 (n-tile 0) and 8+2t, 9+2t (n-tile 1): hi row + lo row.
+    // (Two accumulators per n-tile, for a dependent chain of 8 MMAs instead of 16, measured no
+    // faster at 256: 425.0 tok/s either way.)
+    const int64_t first = begin + tile * kTcKeys;
+    float s[4] = {sc[0][0] + sc[0][2], sc[0][1] + sc[0][3], sc[1][0] + sc[1][2], sc[1][1] + sc[1][3]};
+    const int key_of[4] = {2 * t, 2 * t + 1, 8 + 2 * t, 9 + 2 * t};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[i] = first + key_of[i] < end ? s[i] * scale : kNegInf;
+    float tile_max = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    const float m_new = fmaxf(m_run, tile_max);
+    const float corr = exp_shifted(m_run, m_new);
+    float p[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p[i] = exp_shifted(s[i], m_new);
+    l_run = fmaf(l_run, corr, (p[0] + p[1]) + (p[2] + p[3]));
+    m_run = m_new;
+    // Rescale only when some head's max moved (after the first tiles, rarely).
+    if (__any_sync(0xffffffffu, corr != 1.0f)) {
+#pragma unroll
+      for (int n = 0; n < kTcNTiles; ++n) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[n][c] *= corr;
+      }
+    }
+    // P as hi | lo rows: a[0] row g keys 2t, 2t+1; a[1] row g+8; a[2], a[3] keys 8+2t, 9+2t.
+    float ph[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) ph[i] = __bfloat162float(__float2bfloat16_rn(p[i]));
+    const uint32_t pa[4] = {ptx::pack_bf16(ph[0], ph[1]), ptx::pack_bf16(p[0] - ph[0], p[1] - ph[1]),
+                            ptx::pack_bf16(ph[2], ph[3]), ptx::pack_bf16(p[2] - ph[2], p[3] - ph[3])};
+    // O += P V: this thread's B columns are dims 64q + 8g + i of keys 2t, 2t+1, 8+2t, 9+2t.
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int col = 128 * q + 16 * g;
+      const uint4 r0 = *reinterpret_cast<const uint4*>(vb + (2 * t) * kTcVStride + col);
+      const uint4 r1 = *reinterpret_cast<const uint4*>(vb + (2 * t + 1) * kTcVStride + col);
+      const uint4 r2 = *reinterpret_cast<const uint4*>(vb + (2 * t + 8) * kTcVStride + col);
+      const uint4 r3 = *reinterpret_cast<const uint4*>(vb + (2 * t + 9) * kTcVStride + col);
+      const uint32_t w0[4] = {r0.x, r0.y, r0.z, r0.w};
+      const uint32_t w1[4] = {r1.x, r1.y, r1.z, r1.w};
+      const uint32_t w2[4] = {r2.x, r2.y, r2.z, r2.w};
+      const uint32_t w3[4] = {r3.x, r3.y, r3.z, r3.w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {  // dims 2w (low halves) and 2w + 1 (high halves)
+        ptx::mma_bf16(acc[8 * q + 2 * w], pa, __byte_perm(w0[w], w1[w], 0x5410),
+                      __byte_perm(w2[w], w3[w], 0x5410));
+        ptx::mma_bf16(acc[8 * q + 2 * w + 1], pa, __byte_perm(w0[w], w1[w], 0x7632),
+                      __byte_perm(w2[w], w3[w], 0x7632));
+      }
+    }
+    __syncwarp();  // every lane's reads of this buffer before it is staged again
+    const int64_t next = tile + static_cast<int64_t>(kTcStages) * kTcWarps;
+    if (next < tiles) stage(next, buffer);
+    ptx::cp_async_commit();
+    buffer = buffer + 1 == kTcStages ? 0 : buffer + 1;
+  }
+  ptx::cp_async_wait_all();
+
+  // Head g's sum over its 4 threads; merge the warps as decode_split_kernel does (common max,
+  // rescaled sums, value sums added warp by warp in a fixed order).
+  float l_head = l_run + __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_head += __shfl_xor_sync(0xffffffffu, l_head, 2);
+  if (t == 0) {
+    s_m[warp][g] = m_run;
+    s_l[warp][g] = l_head;
+  }
+  __syncthreads();  // also: every warp is done with its ring, which now holds the merge
+  float mx = kNegInf;
+  for (int w = 0; w < kTcWarps; ++w) mx = fmaxf(mx, s_m[w][g]);
+  const float f = m_run == kNegInf ? 0.0f : expf(m_run - mx);
+  float* s_acc = reinterpret_cast<float*>(tc_smem);  // [8][256]
+  for (int w = 0; w < kTcWarps; ++w) {
+    if (warp == w) {
+#pragma unroll
+      for (int n = 0; n < kTcNTiles; ++n) {
+        // n-tile 8q + i: columns 2t, 2t+1 are dims 64q + 16t + i and 64q + 16t + 8 + i.
+        const int d0 = 64 * (n >> 3) + 16 * t + (n & 7);
+        const float o0 = (acc[n][0] + acc[n][2]) * f;
+        const float o1 = (acc[n][1] + acc[n][3]) * f;
+        float* at = s_acc + g * kTcD;
+        at[d0] = w == 0 ? o0 : at[d0] + o0;
+        at[d0 + 8] = w == 0 ? o1 : at[d0 + 8] + o1;
+      }
+    }
+    __syncthreads();
+  }
+  const int64_t base = (static_cast<int64_t>(kvh) * splits + split) * kTcG;
+  for (int i = threadIdx.x; i < kTcG * kTcD; i += kTcThreads) part_o[base * kTcD + i] = s_acc[i];
+  if (threadIdx.x < kTcG) {
+    const int h = threadIdx.x;
+    float m = kNegInf;
+    for (int w = 0; w < kTcWarps; ++w) m = fmaxf(m, s_m[w][h]);
+    float sum = 0.0f;
+    for (int w = 0; w < kTcWarps; ++w) {
+      const float mw = s_m[w][h];
+      sum += mw == kNegInf ? 0.0f : s_l[w][h] * expf(mw - m);
+    }
+    part_ml[(base + h) * 2 + 0] = m;
+    part_ml[(base + h) * 2 + 1] = sum;
+  }
+}
+
 // ============================== prefill (n > 1) =========================================
 // Grid (query tiles of kBq tokens, q_heads), 128 threads. Per key tile of kBk keys:
 //   S = Q K^T over D in chunks of kDc dims (K chunk staged in shared memory), masked, online
@@ -759,39 +1023,67 @@ void launch_decode_split(const float* qg, const float* k, const float* v, KV* k_
          pos_host, pos_device, splits, scale, part_o, part_ml);
 }
 
+// The tensor-core kernel's split count: one block per SM at most (it takes an SM's shared
+// memory), and no more than the CUDA-core kernel would use.
+int decode_tc_splits(int64_t capacity, int kv_heads) {
+  const int per_sm = sm_count() / (kv_heads > 0 ? kv_heads : 1);
+  const int splits = decode_splits(capacity);
+  return splits < per_sm ? splits : (per_sm > 0 ? per_sm : 1);
+}
+
 template <int D, typename KV>
-void launch_decode(const float* qg, const float* k, const float* v, KV* k_cache, KV* v_cache,
-                   int64_t capacity, const AttentionShape& a, int64_t pos_host,
-                   const int32_t* pos_device, float* out, Workspace& ws, Stream s) {
+AttentionPath launch_decode(const float* qg, const float* k, const float* v, KV* k_cache,
+                            KV* v_cache, int64_t capacity, const AttentionShape& a,
+                            int64_t pos_host, const int32_t* pos_device, float* out,
+                            Workspace& ws, Stream s) {
   const int group = a.q_heads / a.kv_heads;
   const int G = (group == 2 || group == 4 || group == 8) ? group : 1;
   const int units = G > 1 ? a.kv_heads : a.q_heads;
-  const int splits = decode_splits(capacity);
+  const bool tensor_cores =
+      G == kTcG && kTensorCoreDecode<D, kTcG, KV> && tensor_core_decode_attention_fits();
+  const int splits = tensor_cores ? decode_tc_splits(capacity, a.kv_heads) : decode_splits(capacity);
   const size_t o_floats = static_cast<size_t>(a.q_heads) * splits * D;
   const size_t ml_floats = static_cast<size_t>(a.q_heads) * splits * 2;
   auto* part_o = static_cast<float*>(ws.get(kWsAttention, (o_floats + ml_floats) * sizeof(float)));
   float* part_ml = part_o + o_floats;  // o_floats is a multiple of 64: stays 256-byte aligned
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  switch (G) {
-    case 8:
-      launch_decode_split<D, 8, KV>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
-                                    pos_device, splits, scale, part_o, part_ml, s);
-      break;
-    case 4:
-      launch_decode_split<D, 4, KV>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
-                                    pos_device, splits, scale, part_o, part_ml, s);
-      break;
-    case 2:
-      launch_decode_split<D, 2, KV>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
-                                    pos_device, splits, scale, part_o, part_ml, s);
-      break;
-    default:
-      launch_decode_split<D, 1, KV>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
-                                    pos_device, splits, scale, part_o, part_ml, s);
-      break;
+  if constexpr (kTensorCoreDecode<D, kTcG, KV>) {
+    if (tensor_cores) {
+      static bool configured = false;  // one attribute set (host-side, no sync)
+      if (!configured) {
+        LILY_CUDA_CHECK(cudaFuncSetAttribute(decode_tc_kernel,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(kTcSmemBytes)));
+        configured = true;
+      }
+      launch(decode_tc_kernel, dim3(static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(splits)),
+             kTcThreads, kTcSmemBytes, s, qg, k, v, k_cache, v_cache, capacity, a.kv_heads,
+             pos_host, pos_device, splits, scale, part_o, part_ml);
+    }
+  }
+  if (!tensor_cores) {
+    switch (G) {
+      case 8:
+        launch_decode_split<D, 8, KV>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
+                                      pos_device, splits, scale, part_o, part_ml, s);
+        break;
+      case 4:
+        launch_decode_split<D, 4, KV>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
+                                      pos_device, splits, scale, part_o, part_ml, s);
+        break;
+      case 2:
+        launch_decode_split<D, 2, KV>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
+                                      pos_device, splits, scale, part_o, part_ml, s);
+        break;
+      default:
+        launch_decode_split<D, 1, KV>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
+                                      pos_device, splits, scale, part_o, part_ml, s);
+        break;
+    }
   }
   launch(decode_combine_kernel<D>, static_cast<unsigned>(a.q_heads), D, 0, s, qg, capacity, G,
          pos_host, pos_device, splits, part_o, part_ml, out);
+  return tensor_cores ? AttentionPath::decode_tensor_cores : AttentionPath::decode_cuda_cores;
 }
 
 // The prefill's new rows into the caches: a device copy for f32, a rounding kernel for bf16.
@@ -830,19 +1122,20 @@ void launch_prefill(const float* qg, const float* k, const float* v, KV* k_cache
 }
 
 template <int D, typename KV>
-void launch_attention(const float* qg, const float* k, const float* v, KV* k_cache, KV* v_cache,
+AttentionPath launch_attention(const float* qg, const float* k, const float* v, KV* k_cache, KV* v_cache,
                       int64_t capacity, const AttentionShape& a, int64_t pos_host,
                       const int32_t* pos_device, int64_t n, float* out, Workspace& ws,
                       Stream s) {
   if (n == 1) {
-    launch_decode<D, KV>(qg, k, v, k_cache, v_cache, capacity, a, pos_host, pos_device, out, ws, s);
-  } else {
-    launch_prefill<D, KV>(qg, k, v, k_cache, v_cache, a, pos_host, n, out, s);
+    return launch_decode<D, KV>(qg, k, v, k_cache, v_cache, capacity, a, pos_host, pos_device,
+                                out, ws, s);
   }
+  launch_prefill<D, KV>(qg, k, v, k_cache, v_cache, a, pos_host, n, out, s);
+  return AttentionPath::prefill;
 }
 
 template <typename KV>
-void attention_typed(const float* qg, const float* k, const float* v, KV* k_cache, KV* v_cache,
+AttentionPath attention_typed(const float* qg, const float* k, const float* v, KV* k_cache, KV* v_cache,
                      int64_t capacity, const AttentionShape& a, int64_t pos_host,
                      const int32_t* pos_device, int64_t n, float* out, Workspace& ws,
                      Stream s) {
@@ -862,6 +1155,14 @@ void attention_typed(const float* qg, const float* k, const float* v, KV* k_cach
 
 }  // namespace
 
+bool tensor_core_decode_attention_fits() {
+  // Its ~150 KB of shared memory fit sm_80 and sm_90 (opt-in 163 and 227 KB), not the 99 KB of
+  // sm_86, sm_89 and sm_120, which keep the CUDA-core kernel.
+  static const bool fits = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) >=
+                           static_cast<int>(kTcSmemBytes + 1024);
+  return fits;
+}
+
 void attention_prepare(float* qg, float* k, const float* q_norm, const float* k_norm,
                        const AttentionShape& a, int64_t pos_host, const int32_t* pos_device,
                        int64_t n, float eps, Stream s) {
@@ -874,10 +1175,11 @@ void attention_prepare(float* qg, float* k, const float* q_norm, const float* k_
   }
 }
 
-void attention(const float* qg, const float* k, const float* v, const KvCaches& caches,
-               int64_t capacity, const AttentionShape& a, int64_t pos_host,
-               const int32_t* pos_device, int64_t n, float* out, Workspace& ws, Stream s) {
-  if (n <= 0) return;
+AttentionPath attention(const float* qg, const float* k, const float* v, const KvCaches& caches,
+                        int64_t capacity, const AttentionShape& a, int64_t pos_host,
+                        const int32_t* pos_device, int64_t n, float* out, Workspace& ws,
+                        Stream s) {
+  if (n <= 0) return AttentionPath::none;
   switch (caches.type) {
     case KvType::f32:
       return attention_typed(qg, k, v, static_cast<float*>(caches.keys),

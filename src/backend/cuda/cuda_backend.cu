@@ -226,6 +226,8 @@ std::string CudaBackend::code_path() const {
   path += cuda::stream_gemv_enabled_for(2048, stream_gemv_) ? ", bulk-copy lm_head GEMV on"
                                                            : ", bulk-copy lm_head GEMV off";
   path += options_.fused_conv ? ", conv inside the delta rule on" : ", conv inside the delta rule off";
+  path += cuda::tensor_core_decode_attention_fits() ? ", bf16 decode attention on tensor cores"
+                                                    : ", bf16 decode attention on CUDA cores";
   // What was asked for, beside what runs: a path the device cannot run stays off even when on.
   path += "; options: " + options_.describe();
   return path;
@@ -623,8 +625,10 @@ void CudaBackend::attention(const float* qg, const float* k, const float* v, KvC
   // The contract has checked the buffers and that keys and values share one dtype.
   const cuda::KvCaches caches{k_cache.data, v_cache.data,
                               k_cache.dtype == KvDtype::bf16 ? cuda::KvType::bf16 : cuda::KvType::f32};
-  cuda::attention(qg, k, v, caches, capacity, a, start_pos.host, start_pos.device, n, out,
-                  *workspace_, launch_);
+  if (cuda::attention(qg, k, v, caches, capacity, a, start_pos.host, start_pos.device, n, out,
+                      *workspace_, launch_) == cuda::AttentionPath::decode_tensor_cores) {
+    ++counts_.tensor_core_decode_attention;
+  }
 }
 
 void CudaBackend::conv1d_silu(const float* mixed, float* window, const DenseView& weight,

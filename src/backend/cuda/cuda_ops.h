@@ -236,9 +236,16 @@ struct KvCaches {
 // times sigmoid(gate); f32 arithmetic.  out [n, q_heads * head_dim] f32.
 // With pos_device the kernels size their grids by `capacity` (the position is unknown when
 // a graph is captured) and never touch rows >= capacity.
-void attention(const float* qg, const float* k, const float* v, const KvCaches& caches,
-               int64_t capacity, const AttentionShape& a, int64_t pos_host,
-               const int32_t* pos_device, int64_t n, float* out, Workspace& ws, Stream s);
+// Returns the kernel path it took: decode (n == 1) over a bf16 cache with head_dim 256 and
+// query groups of 8 (the model's shape) runs on tensor cores, every other decode on CUDA cores.
+enum class AttentionPath { none, prefill, decode_cuda_cores, decode_tensor_cores };
+// Whether the device has the shared memory the tensor-core decode kernel needs (else that shape
+// decodes on CUDA cores too).
+bool tensor_core_decode_attention_fits();
+AttentionPath attention(const float* qg, const float* k, const float* v, const KvCaches& caches,
+                        int64_t capacity, const AttentionShape& a, int64_t pos_host,
+                        const int32_t* pos_device, int64_t n, float* out, Workspace& ws,
+                        Stream s);
 
 // ---- gated_delta_net.cu, moe_route.cu --------------------------------------------------
 struct DeltaNetShape {

@@ -33,8 +33,19 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/ptx.cuh"
 
 namespace lily::cuda::gemm_detail {
+
+using ptx::cp_async16;
+using ptx::cp_async4;
+using ptx::cp_async_commit;
+using ptx::cp_async_wait_all;
+using ptx::ldmatrix_x4;
+using ptx::mma_bf16;
+using ptx::mma_bf16_zero;
+using ptx::pack_bf16;
+using ptx::smem_u32;
 
 inline constexpr int kThreads = 256;  // 8 warps
 inline constexpr int kBN = 128;       // weight rows per block tile
@@ -59,56 +70,9 @@ struct Tile {
 // hi K, lo K, then K / 64 f32 group sums (2 BF16 slots each), rounded up to 16 bytes.
 __host__ __device__ constexpr int64_t act_ld(int64_t K) { return 2 * K + ((2 * (K / 64) + 7) & ~int64_t{7}); }
 
-// ---- PTX wrappers -------------------------------------------------------------------------
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16 bytes global -> shared, bypassing L1; src_bytes = 0 writes 16 zero bytes (no read).
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-// 4 bytes global -> shared (through L1: .cg takes 16 bytes only); src_bytes = 0 writes zeros.
-__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int src_bytes) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr)
-               : "memory");
-}
-
-// D = A B + D, m16n8k16, A row-major bf16, B "col" (n-major, k contiguous) bf16, f32 accumulate.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// D = A B (zero accumulator in), same shapes.
-__device__ __forceinline__ void mma_bf16_zero(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%10, %10, %10, %10};\n"
-      : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(0.0f));
-}
-
 // Element offset (in bf16) of 16-byte chunk `chunk` (0..7) of shared row `row` (XOR swizzle).
 __device__ __forceinline__ int swz(int row, int chunk) { return row * kBK + ((chunk ^ (row & 7)) << 3); }
 
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);  // .x (low half) = lo
-  return *reinterpret_cast<const uint32_t*>(&v);
-}
 
 // Exact float of a small unsigned integer (< 2^23): 2^23 + q as bits, minus 2^23.
 __device__ __forceinline__ float u2f_exact(uint32_t q) {
