@@ -362,6 +362,10 @@ constexpr int kRowTile = 2;  // rows per tile: 2 x 8 zmm of codes for Q4 and Q8 
 // the tile's rows meet them; measured against 4, 8 and 32 (docs/perf/cpu.md).
 constexpr int64_t kTokenTile = 16;
 
+// Tokens per panel (int8_rows_dot_tokens's outer loop): 64 x 8 KB of Q4 activations for
+// in = 4096, within L2.
+constexpr int64_t kTokenPanel = 64;
+
 using Acc = float[kTokenTile][kBlock];  // f32 accumulators of one row: [token][g % 8]
 
 // The 8 group totals from the four pair sums of the AVX-512 Q4 path: s[p] holds 8 int32
@@ -533,15 +537,22 @@ template <int Bits>
 LILY_TARGET_AVX512_VNNI void tokens_avx512(const QuantView& w, int64_t row_begin, int64_t rows,
                                            const Q8Activations* const* xs, int64_t n, float* y,
                                            int64_t y_stride) {
-  int64_t r = 0;
-  for (; r + kRowTile <= rows; r += kRowTile) {
-    Row tile[kRowTile];
-    for (int i = 0; i < kRowTile; ++i) tile[i] = locate(w, row_begin + r + i);
-    tile_avx512<kRowTile, Bits>(tile, xs, n, y + r, y_stride);
-  }
-  for (; r < rows; ++r) {
-    const Row one = locate(w, row_begin + r);
-    tile_avx512<1, Bits>(&one, xs, n, y + r, y_stride);
+  // Panels of kTokenPanel tokens, every row tile inside one: the panel's activations stay in
+  // L2 while all the rows meet them (row tiles outside would stream every token's activations
+  // from memory once per tile of rows).
+  for (int64_t t0 = 0; t0 < n; t0 += kTokenPanel) {
+    const int64_t tn = std::min(kTokenPanel, n - t0);
+    float* yp = y + t0 * y_stride;
+    int64_t r = 0;
+    for (; r + kRowTile <= rows; r += kRowTile) {
+      Row tile[kRowTile];
+      for (int i = 0; i < kRowTile; ++i) tile[i] = locate(w, row_begin + r + i);
+      tile_avx512<kRowTile, Bits>(tile, xs + t0, tn, yp + r, y_stride);
+    }
+    for (; r < rows; ++r) {
+      const Row one = locate(w, row_begin + r);
+      tile_avx512<1, Bits>(&one, xs + t0, tn, yp + r, y_stride);
+    }
   }
 }
 
