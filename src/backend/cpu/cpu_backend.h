@@ -75,7 +75,7 @@ class CpuBackend : public Backend {
       : pool_(threads), precision_(precision) {}
 
   std::string name() const override { return "cpu"; }
-  // Which one-token GEMV path runs (--cpu-precision), and on which instructions.
+  // Which matrix-product path runs (--cpu-precision), and on which instructions.
   std::string code_path() const override;
   CpuPrecision precision() const { return precision_; }
   int threads() const override { return pool_.size(); }
