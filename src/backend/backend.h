@@ -318,10 +318,11 @@ class Backend {
   bool has_armed_fault_ = false;
 };
 
-// How the CPU backend computes its one-token matrix-vector products (--cpu-precision;
+// How the CPU backend computes its quantized matrix products, decode and prefill (--cpu-precision;
 // docs/precision.md). exact: f32 on the dequantised codes, the reference path. fast: the input
 // quantised per group of 64 in two int8 planes and integer dot products against the codes (AVX-512 VNNI,
-// AVX-VNNI or AVX2: backend/cpu/int8_dot.h), about 5e-5 relative per dot.
+// AVX-VNNI or AVX2: backend/cpu/int8_dot.h), about 5e-5 relative per dot; the prefill's products
+// bit for bit the decode's.
 enum class CpuPrecision { exact, fast };
 const char* cpu_precision_name(CpuPrecision precision);
 

@@ -22,7 +22,7 @@ std::unique_ptr<Backend> make_cpu_backend(int threads, CpuPrecision precision) {
 
 std::string CpuBackend::code_path() const {
   if (precision_ == CpuPrecision::exact) return "one-token GEMVs in f32 (--cpu-precision exact)";
-  return std::string("one-token GEMVs by int8 dot products, ") + cpu::int8_dot_isa() +
+  return std::string("GEMVs and prefill GEMMs by int8 dot products, ") + cpu::int8_dot_isa() +
          " (--cpu-precision fast)";
 }
 

@@ -75,7 +75,7 @@ class CpuBackend : public Backend {
       : pool_(threads), precision_(precision) {}
 
   std::string name() const override { return "cpu"; }
-  // Which one-token GEMV path runs (--cpu-precision), and on which instructions.
+  // Which matrix-product path runs (--cpu-precision), and on which instructions.
   std::string code_path() const override;
   CpuPrecision precision() const { return precision_; }
   int threads() const override { return pool_.size(); }
@@ -154,9 +154,21 @@ class CpuBackend : public Backend {
   // The index-th input of an op (expert_down_combine prepares k + 1); grows on demand.
   DecodeInput& decode_input(size_t index);
 
+  // Prefill (n > 1) with --cpu-precision fast: quantises the count rows of x [count, in] (f32)
+  // into prefill_q8_[first, first + count), over the pool, and returns their pointers
+  // (prefill_ptrs_ + first, valid until the next call). A non-finite element is an
+  // std::invalid_argument naming op and the row.
+  const cpu::Q8Activations* const* quantize_tokens(const float* x, int64_t count, int64_t in,
+                                                   size_t first, const char* op);
+
   ThreadPool pool_;
   CpuPrecision precision_;
   std::deque<DecodeInput> decode_inputs_;
+  // Grow-only: one quantised token per row of a prefill op's inputs (expert_down_combine: the
+  // n * k routed slots, then the n shared rows), and pointers to them.
+  std::vector<cpu::Q8Activations> prefill_q8_;
+  std::vector<const cpu::Q8Activations*> prefill_ptrs_;
+  std::vector<const cpu::Q8Activations*> expert_ptrs_;  // the MoE's token lists, grouped by expert
   std::vector<float> scratch_[kSlotCount];
   std::vector<int32_t> order_;
   int32_t reads_[2] = {0, 0};

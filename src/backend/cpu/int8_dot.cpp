@@ -345,6 +345,218 @@ LILY_INT8_ROW_DOT(row_dot_q4_avx512, LILY_TARGET_AVX512_VNNI, q4_sums_avx512)
 LILY_INT8_ROW_DOT(row_dot_q8_avx512, LILY_TARGET_AVX512_VNNI, q8_sums_avx512)
 
 // ---------------------------------------------------------------------------------------------
+// Many tokens (prefill, int8_rows_dot_tokens): tiles of kRowTile rows x kTokenTile tokens. Per
+// block of 8 groups, the tile's codes are loaded (and for Q4 split into nibbles) once into
+// registers and meet every token of the tile; each (row, token) then gets exactly the integer
+// group totals of the one-token path and the same epilogue8 / epilogue_tail, in the same order
+// of blocks, so its f32 result is bit for bit int8_row_dot's. The tile's f32 accumulators live in
+// a small stack array (kRowTile x kTokenTile x 8 floats, L1).
+//
+// The hi and lo planes are summed into one int32 lane before the reduction to group totals:
+// dpbusd(hi), shift left by 7, dpbusd(lo) gives 128 * hi_partial + lo_partial per lane, whose
+// lane sum is combine(hi_total, lo_total) exactly (integer adds; every partial is bounded by the
+// total's bound, < 2^31). One reduction instead of the one-token path's two.
+
+constexpr int kRowTile = 2;  // rows per tile: 2 x 8 zmm of codes for Q4 and Q8 (of 32 registers)
+// Tokens per tile: their 8 groups of activations (1 KB each for Q4: hi and lo) stay in L1 while
+// the tile's rows meet them; measured against 4, 8 and 32 (docs/perf/cpu.md).
+constexpr int64_t kTokenTile = 16;
+
+// Tokens per panel (int8_rows_dot_tokens's outer loop): 64 x 8 KB of Q4 activations for
+// in = 4096, within L2.
+constexpr int64_t kTokenPanel = 64;
+
+using Acc = float[kTokenTile][kBlock];  // f32 accumulators of one row: [token][g % 8]
+
+// The 8 group totals from the four pair sums of the AVX-512 Q4 path: s[p] holds 8 int32
+// partials of group 2p in lanes 0-7 and of group 2p+1 in lanes 8-15.
+LILY_TARGET_AVX512_VNNI inline __m256i reduce_pairs_avx512(const __m512i* s) {
+  // Per 128-bit chunk: [s0, s1, s0, s1] (u0) and [s2, s3, s2, s3] (u1) partials.
+  const __m512i u0 = _mm512_add_epi32(_mm512_unpacklo_epi32(s[0], s[1]), _mm512_unpackhi_epi32(s[0], s[1]));
+  const __m512i u1 = _mm512_add_epi32(_mm512_unpacklo_epi32(s[2], s[3]), _mm512_unpackhi_epi32(s[2], s[3]));
+  // Per chunk c: [s0, s1, s2, s3] summed over the lanes 4c..4c+3. Chunks 0 and 1 are lanes 0-7
+  // (groups 0, 2, 4, 6), chunks 2 and 3 lanes 8-15 (groups 1, 3, 5, 7).
+  const __m512i w = _mm512_add_epi32(_mm512_unpacklo_epi64(u0, u1), _mm512_unpackhi_epi64(u0, u1));
+  const __m512i t = _mm512_add_epi32(w, _mm512_shuffle_i32x4(w, w, _MM_SHUFFLE(2, 3, 0, 1)));
+  const __m128i even = _mm512_castsi512_si128(t);         // [g0 g2 g4 g6]
+  const __m128i odd = _mm512_extracti32x4_epi32(t, 2);    // [g1 g3 g5 g7]
+  return _mm256_set_m128i(_mm_unpackhi_epi32(even, odd), _mm_unpacklo_epi32(even, odd));
+}
+
+// The 8 group totals from 8 vectors of 16 int32 partials, one group each (the Q8 path).
+LILY_TARGET_AVX512_VNNI inline __m256i reduce_groups_avx512(const __m512i* s) {
+  // Per 128-bit chunk: [g2j, g2j+1, g2j, g2j+1] partials.
+  __m512i u[4];
+  for (int j = 0; j < 4; ++j) {
+    u[j] = _mm512_add_epi32(_mm512_unpacklo_epi32(s[2 * j], s[2 * j + 1]),
+                            _mm512_unpackhi_epi32(s[2 * j], s[2 * j + 1]));
+  }
+  // Per chunk: [g0 g1 g2 g3] (w0) and [g4 g5 g6 g7] (w1) partials.
+  const __m512i w0 = _mm512_add_epi32(_mm512_unpacklo_epi64(u[0], u[1]), _mm512_unpackhi_epi64(u[0], u[1]));
+  const __m512i w1 = _mm512_add_epi32(_mm512_unpacklo_epi64(u[2], u[3]), _mm512_unpackhi_epi64(u[2], u[3]));
+  // [w0 c0+c2, w0 c1+c3, w1 c0+c2, w1 c1+c3], then chunk 0: groups 0-3, chunk 2: groups 4-7.
+  const __m512i r = _mm512_add_epi32(_mm512_shuffle_i32x4(w0, w1, _MM_SHUFFLE(1, 0, 1, 0)),
+                                     _mm512_shuffle_i32x4(w0, w1, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m512i r2 = _mm512_add_epi32(r, _mm512_shuffle_i32x4(r, r, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm512_castsi512_si256(_mm512_shuffle_i32x4(r2, r2, _MM_SHUFFLE(0, 0, 2, 0)));
+}
+
+// epilogue8 with the row's scales and biases already widened (ws, wb: once per block, not per
+// token): the same operations in the same order.
+LILY_TARGET_AVX2 inline __m256 epilogue8_loaded(__m256 acc, __m256i isum, __m256 ws, __m256 wb,
+                                                const Q8Activations& x, int64_t g) {
+  const __m256 a = _mm256_mul_ps(ws, _mm256_loadu_ps(x.scales.data() + g));
+  const __m256 d = _mm256_mul_ps(a, _mm256_cvtepi32_ps(isum));
+  const __m256 b = _mm256_mul_ps(wb, _mm256_loadu_ps(x.sums.data() + g));
+  return _mm256_add_ps(acc, _mm256_add_ps(d, b));
+}
+
+// One block of 8 groups (count of them present, all 8 when Full) of R rows against tn tokens.
+template <int R, bool Full>
+LILY_TARGET_AVX512_VNNI inline void q4_block_avx512(const Row* rows, const Q8Activations* const* xs,
+                                                    int64_t tn, int64_t g, int64_t count, Acc* acc) {
+  const int pairs = Full ? 4 : static_cast<int>((count + 1) / 2);
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  const __m512i zero = _mm512_setzero_si512();
+  constexpr auto kR = static_cast<size_t>(R);
+  __m512i lo[kR][4], hi[kR][4];  // u8 nibbles: elements 2i (lo) and 2i+1 (hi) of pair p's bytes
+  __m256 ws[kR], wb[kR];
+  for (int r = 0; r < R; ++r) {
+    for (int p = 0; p < 4; ++p) {
+      lo[r][p] = hi[r][p] = zero;
+      if (p >= pairs) continue;
+      const uint8_t* c = rows[r].codes + (g + 2 * p) * 32;
+      // A lone last group: its 32 bytes only (see q4_sums_avx512).
+      const __m512i codes = Full || 2 * p + 1 < count ? _mm512_loadu_si512(c) : _mm512_maskz_loadu_epi64(0x0F, c);
+      lo[r][p] = _mm512_and_si512(codes, mask);
+      hi[r][p] = _mm512_and_si512(_mm512_srli_epi16(codes, 4), mask);
+    }
+    if (Full) {
+      ws[r] = load_bf16x8(rows[r].scales + g * 2);
+      wb[r] = load_bf16x8(rows[r].biases + g * 2);
+    }
+  }
+  for (int64_t t = 0; t < tn; ++t) {
+    const Q8Activations& x = *xs[t];
+    const int8_t* xh = x.q4_order.data() + g * 64;     // pair p: evens at p * 128, odds 64 on
+    const int8_t* xl = x.q4_order_lo.data() + g * 64;
+    for (int r = 0; r < R; ++r) {
+      __m512i s[4];
+      for (int p = 0; p < 4; ++p) {
+        s[p] = zero;
+        if (p >= pairs) continue;
+        __m512i v = _mm512_dpbusd_epi32(zero, lo[r][p], _mm512_loadu_si512(xh + p * 128));
+        v = _mm512_dpbusd_epi32(v, hi[r][p], _mm512_loadu_si512(xh + p * 128 + 64));
+        v = _mm512_slli_epi32(v, 7);
+        v = _mm512_dpbusd_epi32(v, lo[r][p], _mm512_loadu_si512(xl + p * 128));
+        s[p] = _mm512_dpbusd_epi32(v, hi[r][p], _mm512_loadu_si512(xl + p * 128 + 64));
+      }
+      const __m256i isum = reduce_pairs_avx512(s);
+      float* a = acc[r][t];
+      const __m256 sum = Full ? epilogue8_loaded(_mm256_load_ps(a), isum, ws[r], wb[r], x, g)
+                              : epilogue_tail(_mm256_load_ps(a), isum, count, rows[r], x, g);
+      _mm256_store_ps(a, sum);
+    }
+  }
+}
+
+template <int R, bool Full>
+LILY_TARGET_AVX512_VNNI inline void q8_block_avx512(const Row* rows, const Q8Activations* const* xs,
+                                                    int64_t tn, int64_t g, int64_t count, Acc* acc) {
+  const int present = Full ? kBlock : static_cast<int>(count);
+  const __m512i zero = _mm512_setzero_si512();
+  constexpr auto kR = static_cast<size_t>(R);
+  __m512i c[kR][kBlock];  // u8 codes of group g + k
+  __m256 ws[kR], wb[kR];
+  for (int r = 0; r < R; ++r) {
+    for (int k = 0; k < kBlock; ++k) {
+      c[r][k] = k < present ? _mm512_loadu_si512(rows[r].codes + (g + k) * 64) : zero;
+    }
+    if (Full) {
+      ws[r] = load_bf16x8(rows[r].scales + g * 2);
+      wb[r] = load_bf16x8(rows[r].biases + g * 2);
+    }
+  }
+  for (int64_t t = 0; t < tn; ++t) {
+    const Q8Activations& x = *xs[t];
+    const int8_t* xh = x.natural.data() + g * kGroup;
+    const int8_t* xl = x.natural_lo.data() + g * kGroup;
+    for (int r = 0; r < R; ++r) {
+      __m512i s[kBlock];
+      for (int k = 0; k < kBlock; ++k) {
+        s[k] = zero;
+        if (k >= present) continue;
+        const __m512i v = _mm512_slli_epi32(
+            _mm512_dpbusd_epi32(zero, c[r][k], _mm512_loadu_si512(xh + k * kGroup)), 7);
+        s[k] = _mm512_dpbusd_epi32(v, c[r][k], _mm512_loadu_si512(xl + k * kGroup));
+      }
+      const __m256i isum = reduce_groups_avx512(s);
+      float* a = acc[r][t];
+      const __m256 sum = Full ? epilogue8_loaded(_mm256_load_ps(a), isum, ws[r], wb[r], x, g)
+                              : epilogue_tail(_mm256_load_ps(a), isum, count, rows[r], x, g);
+      _mm256_store_ps(a, sum);
+    }
+  }
+}
+
+// R rows (located) against n tokens: y[t * y_stride + r].
+template <int R, int Bits>
+LILY_TARGET_AVX512_VNNI void tile_avx512(const Row* rows, const Q8Activations* const* xs, int64_t n,
+                                         float* y, int64_t y_stride) {
+  alignas(32) Acc acc[static_cast<size_t>(R)];
+  const int64_t groups = rows[0].groups;
+  for (int64_t t0 = 0; t0 < n; t0 += kTokenTile) {
+    const int64_t tn = std::min(kTokenTile, n - t0);
+    for (int r = 0; r < R; ++r) {
+      for (int64_t t = 0; t < tn; ++t) _mm256_store_ps(acc[r][t], _mm256_setzero_ps());
+    }
+    int64_t g = 0;
+    for (; g + kBlock <= groups; g += kBlock) {
+      if (Bits == 4) {
+        q4_block_avx512<R, true>(rows, xs + t0, tn, g, kBlock, acc);
+      } else {
+        q8_block_avx512<R, true>(rows, xs + t0, tn, g, kBlock, acc);
+      }
+    }
+    if (g < groups) {
+      if (Bits == 4) {
+        q4_block_avx512<R, false>(rows, xs + t0, tn, g, groups - g, acc);
+      } else {
+        q8_block_avx512<R, false>(rows, xs + t0, tn, g, groups - g, acc);
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      for (int64_t t = 0; t < tn; ++t) {
+        y[(t0 + t) * y_stride + r] = reduce_accumulators(_mm256_load_ps(acc[r][t]));
+      }
+    }
+  }
+}
+
+template <int Bits>
+LILY_TARGET_AVX512_VNNI void tokens_avx512(const QuantView& w, int64_t row_begin, int64_t rows,
+                                           const Q8Activations* const* xs, int64_t n, float* y,
+                                           int64_t y_stride) {
+  // Panels of kTokenPanel tokens, every row tile inside one: the panel's activations stay in
+  // L2 while all the rows meet them (row tiles outside would stream every token's activations
+  // from memory once per tile of rows).
+  for (int64_t t0 = 0; t0 < n; t0 += kTokenPanel) {
+    const int64_t tn = std::min(kTokenPanel, n - t0);
+    float* yp = y + t0 * y_stride;
+    int64_t r = 0;
+    for (; r + kRowTile <= rows; r += kRowTile) {
+      Row tile[kRowTile];
+      for (int i = 0; i < kRowTile; ++i) tile[i] = locate(w, row_begin + r + i);
+      tile_avx512<kRowTile, Bits>(tile, xs + t0, tn, yp + r, y_stride);
+    }
+    for (; r < rows; ++r) {
+      const Row one = locate(w, row_begin + r);
+      tile_avx512<1, Bits>(&one, xs + t0, tn, yp + r, y_stride);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Dispatch.
 
 bool cpu_has_avx_vnni() {
@@ -539,6 +751,41 @@ void int8_rows_dot(const QuantView& w, int64_t row_begin, int64_t rows, const Q8
   require(rows == 0 || y != nullptr, "int8_rows_dot", "no output buffer for " + std::to_string(rows) + " rows");
   const RowDot dot = select(isa, w.bits);
   for (int64_t r = 0; r < rows; ++r) y[r] = dot(locate(w, row_begin + r), x);
+}
+
+void int8_rows_dot_tokens(const QuantView& w, int64_t row_begin, int64_t rows,
+                          const Q8Activations* const* xs, int64_t n, float* y, int64_t y_stride,
+                          Int8Isa isa) {
+  constexpr const char* kOp = "int8_rows_dot_tokens";
+  require(n >= 0, kOp, "token count " + std::to_string(n) + ", expected >= 0");
+  if (n == 0 || rows == 0) return;
+  require(xs != nullptr && y != nullptr, kOp, "no token list or no output buffer");
+  require(y_stride >= rows, kOp,
+          "output stride " + std::to_string(y_stride) + " below the " + std::to_string(rows) + " rows");
+  for (int64_t t = 0; t < n; ++t) {
+    if (xs[t] == nullptr) require(false, kOp, "token " + std::to_string(t) + " is null");
+    // The full check once (the weight, the rows), then only the widths: one call per op chunk.
+    if (t == 0 || xs[t]->in != xs[0]->in) check(kOp, w, row_begin, rows, *xs[t]);
+  }
+  if (isa == Int8Isa::automatic) isa = best();
+  if (isa == Int8Isa::avx512_vnni && int8_isa_supported(isa)) {
+    if (w.bits == 4) {
+      tokens_avx512<4>(w, row_begin, rows, xs, n, y, y_stride);
+    } else {
+      tokens_avx512<8>(w, row_begin, rows, xs, n, y, y_stride);
+    }
+    return;
+  }
+  // The other paths: the one-token dot per (row, token), tokens in tiles so that a row's codes
+  // stay in L1 across a tile (bit-identical by construction; this box runs the AVX-512 path).
+  const RowDot dot = select(isa, w.bits);
+  for (int64_t t0 = 0; t0 < n; t0 += kTokenTile) {
+    const int64_t tn = std::min(kTokenTile, n - t0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const Row row = locate(w, row_begin + r);
+      for (int64_t t = t0; t < t0 + tn; ++t) y[t * y_stride + r] = dot(row, *xs[t]);
+    }
+  }
 }
 
 }  // namespace lily::cpu

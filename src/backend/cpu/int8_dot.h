@@ -8,9 +8,9 @@
 
 namespace lily::cpu {
 
-// Issue 19's fast path, step 1: the kernel and its tests only; no op uses it yet (the exact
-// f32 path of quant_matmul.cpp stays the model's). Precision and measured error:
-// docs/precision.md, "The int8 fast path".
+// Issue 19's fast path (--cpu-precision fast): the one-token products (int8_rows_dot) and the
+// prefill's many-token products (int8_rows_dot_tokens) of CpuBackend. Precision and measured
+// error: docs/precision.md, "The int8 fast path".
 
 // The instruction set a dot runs on. `automatic` is the best one the CPU has
 // (__builtin_cpu_supports at the first call); the others force a path, for the tests and
@@ -83,5 +83,17 @@ float int8_row_dot(const QuantView& w, int64_t row, const Q8Activations& x,
 // row_begin + rows must not pass the weight's last row.
 void int8_rows_dot(const QuantView& w, int64_t row_begin, int64_t rows, const Q8Activations& x,
                    float* y, Int8Isa isa = Int8Isa::automatic);
+
+// The many-token product of prefill: y[t * y_stride + r] = int8_row_dot(w, row_begin + r,
+// *xs[t]) for r in [0, rows) and t in [0, n), bit for bit (the same integer sums, the same f32
+// epilogue in the same order), so a prompt prefilled in one call gives what n one-token calls
+// give. xs: n pointers to quantised tokens (a gathered list: the MoE passes the tokens routed to
+// one expert); y f32, rows <= y_stride. Blocked rows x tokens: each row's codes are loaded and
+// split into nibbles once per tile of tokens and reused for all of them (docs/perf/cpu.md).
+// Errors (std::invalid_argument): those of int8_rows_dot, n < 0, a null token or y, a token of
+// another width than w.in, y_stride < rows.
+void int8_rows_dot_tokens(const QuantView& w, int64_t row_begin, int64_t rows,
+                          const Q8Activations* const* xs, int64_t n, float* y, int64_t y_stride,
+                          Int8Isa isa = Int8Isa::automatic);
 
 }  // namespace lily::cpu

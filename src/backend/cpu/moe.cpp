@@ -1,4 +1,5 @@
 // CPU mixture of experts: gathered gate/up + SwiGLU, and down + weighted combine + shared expert.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -35,6 +36,36 @@ void check_ids(const int32_t* ids, int64_t count, uint64_t experts, const char* 
   }
 }
 
+// Rows per chunk of the fast prefill's MoE: the chunk's dots for every token routed to an
+// expert stay in L1/L2 (f32 [slots, 64]).
+constexpr int64_t kRowChunk = 64;
+
+void grow(std::vector<float>& v, int64_t count) {
+  if (v.size() < static_cast<size_t>(count)) v.resize(static_cast<size_t>(count));
+}
+
+// The fast prefill's per-expert token lists: for each used expert, the quantised input of each
+// of its slots (tokens[slot / divisor]), concatenated into `out` (grow-only); returns where
+// each expert's list starts.
+std::vector<int64_t> gather_tokens(const ExpertGroups& groups, const cpu::Q8Activations* const* tokens,
+                                   int64_t divisor, std::vector<const cpu::Q8Activations*>& out) {
+  std::vector<int64_t> starts;
+  starts.reserve(groups.slots.size());
+  size_t size = 0;
+  for (const auto& slots : groups.slots) size += slots.size();
+  if (out.size() < size) out.resize(size);
+  size_t at = 0;
+  for (const auto& slots : groups.slots) {
+    starts.push_back(static_cast<int64_t>(at));
+    for (int64_t slot : slots) out[at++] = tokens[slot / divisor];
+  }
+  return starts;
+}
+
+// SiLU(g) * u, and acc + w * d: one function each for decode and both prefills, so that their
+// roundings are the same expressions (the fast prefill must equal decode bit for bit).
+inline float swiglu(float g, float u) { return cpu::silu(g) * u; }
+inline float add_weighted(float acc, float w, float d) { return acc + w * d; }
 
 }  // namespace
 
@@ -53,13 +84,41 @@ void CpuBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const
         const int64_t e = ids != nullptr ? ids[slot] : 0;
         const float g = input.dot(gate, e * I + item % I);
         const float u = input.dot(up, e * I + item % I);
-        h[item] = cpu::silu(g) * u;
+        h[item] = swiglu(g, u);
       }
     });
     return;
   }
   const ExpertGroups groups(ids, n * k, gate.experts);
   const auto used = static_cast<int64_t>(groups.experts.size());
+  if (precision_ == CpuPrecision::fast) {  // prefill on integer dots: the tokens quantised once
+    const cpu::Q8Activations* const* tokens = quantize_tokens(x, n, in, 0, "expert_swiglu");
+    const std::vector<int64_t> starts = gather_tokens(groups, tokens, k, expert_ptrs_);
+    pool_.parallel_for(used * I, [&](int64_t begin, int64_t end) {
+      thread_local std::vector<float> g_rows, u_rows;  // f32 [slots of the expert, kRowChunk]
+      for (int64_t item = begin; item < end;) {  // chunks of rows within one expert
+        const auto which = static_cast<size_t>(item / I);
+        const int64_t r0 = item % I;
+        const int64_t rows = std::min({kRowChunk, I - r0, end - item});
+        const std::vector<int64_t>& slots = groups.slots[which];
+        const auto count = static_cast<int64_t>(slots.size());
+        grow(g_rows, count * rows);
+        grow(u_rows, count * rows);
+        const cpu::Q8Activations* const* xs = expert_ptrs_.data() + starts[which];
+        const int64_t e = groups.experts[which];
+        cpu::int8_rows_dot_tokens(gate, e * I + r0, rows, xs, count, g_rows.data(), rows);
+        cpu::int8_rows_dot_tokens(up, e * I + r0, rows, xs, count, u_rows.data(), rows);
+        for (int64_t i = 0; i < count; ++i) {
+          for (int64_t r = 0; r < rows; ++r) {
+            h[slots[static_cast<size_t>(i)] * I + r0 + r] =
+                swiglu(g_rows[static_cast<size_t>(i * rows + r)], u_rows[static_cast<size_t>(i * rows + r)]);
+          }
+        }
+        item += rows;
+      }
+    });
+    return;
+  }
   pool_.parallel_for(used * I, [&](int64_t begin, int64_t end) {
     thread_local cpu::DecodedRow gate_row, up_row;
     for (int64_t item = begin; item < end; ++item) {
@@ -95,14 +154,60 @@ void CpuBackend::expert_down_combine(const QuantView& down, const float* h, cons
       for (int64_t r = begin; r < end; ++r) {
         float acc = 0.0f;
         for (int64_t j = 0; j < k; ++j) {
-          acc += weights[j] * decode_inputs_[static_cast<size_t>(j)].dot(down, ids[j] * H + r);
+          acc = add_weighted(acc, weights[j], decode_inputs_[static_cast<size_t>(j)].dot(down, ids[j] * H + r));
         }
-        out[r] = acc + gate * shared_input.dot(shared_down, r);
+        out[r] = add_weighted(acc, gate, shared_input.dot(shared_down, r));
       }
     });
     return;
   }
   const ExpertGroups groups(ids, n * k, down.experts);
+  if (precision_ == CpuPrecision::fast) {
+    // Prefill on integer dots: the n * k slots and the n shared rows quantised once; per chunk
+    // of output rows, every slot's dot (expert by expert) and the shared dots, then combined per
+    // token in slot order as decode does, so out[t] is bit for bit the n == 1 result.
+    const auto slots_total = static_cast<size_t>(n * k);
+    // Both quantisations' room first: growing prefill_q8_ between them would move the slots'.
+    if (prefill_q8_.size() < slots_total + static_cast<size_t>(n)) {
+      prefill_q8_.resize(slots_total + static_cast<size_t>(n));
+      prefill_ptrs_.resize(slots_total + static_cast<size_t>(n));
+    }
+    const cpu::Q8Activations* const* slot_q = quantize_tokens(h, n * k, I, 0, "expert_down_combine");
+    const cpu::Q8Activations* const* shared_q =
+        quantize_tokens(shared_h, n, S, slots_total, "expert_down_combine");
+    const std::vector<int64_t> starts = gather_tokens(groups, slot_q, 1, expert_ptrs_);
+    pool_.parallel_for(H, [&](int64_t begin, int64_t end) {
+      // f32 [n * k, kRowChunk] slot dots, [slots of one expert, kRowChunk], [n, kRowChunk] shared.
+      thread_local std::vector<float> dots, expert_dots, shared_dots;
+      for (int64_t r0 = begin; r0 < end; r0 += kRowChunk) {
+        const int64_t rows = std::min(kRowChunk, end - r0);
+        grow(dots, n * k * rows);
+        grow(shared_dots, n * rows);
+        for (size_t which = 0; which < groups.experts.size(); ++which) {
+          const std::vector<int64_t>& slots = groups.slots[which];
+          const auto count = static_cast<int64_t>(slots.size());
+          grow(expert_dots, count * rows);
+          cpu::int8_rows_dot_tokens(down, groups.experts[which] * H + r0, rows,
+                                    expert_ptrs_.data() + starts[which], count, expert_dots.data(), rows);
+          for (int64_t i = 0; i < count; ++i) {
+            std::copy_n(expert_dots.data() + i * rows, rows, dots.data() + slots[static_cast<size_t>(i)] * rows);
+          }
+        }
+        cpu::int8_rows_dot_tokens(shared_down, r0, rows, shared_q, n, shared_dots.data(), rows);
+        for (int64_t t = 0; t < n; ++t) {
+          const float gate = cpu::sigmoid(shared_logit[t]);
+          for (int64_t r = 0; r < rows; ++r) {
+            float acc = 0.0f;
+            for (int64_t j = 0; j < k; ++j) {
+              acc = add_weighted(acc, weights[t * k + j], dots[static_cast<size_t>((t * k + j) * rows + r)]);
+            }
+            out[t * H + r0 + r] = add_weighted(acc, gate, shared_dots[static_cast<size_t>(t * rows + r)]);
+          }
+        }
+      }
+    });
+    return;
+  }
   pool_.parallel_for(H, [&](int64_t begin, int64_t end) {
     thread_local cpu::DecodedRow row;
     for (int64_t r = begin; r < end; ++r) {

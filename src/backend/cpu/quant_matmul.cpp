@@ -1,4 +1,7 @@
 // CPU quantized matmul over MLX affine Q4/Q8 weights, used in place from the mapping.
+#include <atomic>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -164,12 +167,53 @@ float CpuBackend::DecodeInput::dot(const QuantView& w, int64_t row) const {
   return fast ? cpu::int8_row_dot(w, row, q8) : cpu::quant_row_dot(w, row, permuted.data(), sums.data());
 }
 
+const cpu::Q8Activations* const* CpuBackend::quantize_tokens(const float* x, int64_t count,
+                                                             int64_t in, size_t first,
+                                                             const char* op) {
+  const size_t end = first + static_cast<size_t>(count);
+  if (prefill_q8_.size() < end) prefill_q8_.resize(end);
+  if (prefill_ptrs_.size() < end) prefill_ptrs_.resize(end);
+  // A worker must not throw (the pool does not carry exceptions): the first bad row is noted
+  // and quantised again here, where its error can be raised.
+  std::atomic<int64_t> bad{count};
+  pool_.parallel_for(count, [&](int64_t begin, int64_t stop) {
+    for (int64_t t = begin; t < stop; ++t) {
+      cpu::Q8Activations& q = prefill_q8_[first + static_cast<size_t>(t)];
+      try {
+        cpu::quantize_activations(x + t * in, in, q);
+      } catch (const std::invalid_argument&) {
+        int64_t seen = bad.load();
+        while (t < seen && !bad.compare_exchange_weak(seen, t)) {
+        }
+      }
+      prefill_ptrs_[first + static_cast<size_t>(t)] = &q;
+    }
+  });
+  if (const int64_t t = bad.load(); t < count) {
+    try {
+      cpu::quantize_activations(x + t * in, in, prefill_q8_[first + static_cast<size_t>(t)]);
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string(op) + ": input row " + std::to_string(t) + ": " + e.what());
+    }
+  }
+  return prefill_ptrs_.data() + first;
+}
+
 void CpuBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x,
                         int64_t n, float* y) {
   contract::check_matmul(w, row_begin, rows, x, n, y);
   const auto in = static_cast<int64_t>(w.in);
+  if (n > 1 && precision_ == CpuPrecision::fast) {
+    // Prefill on integer dots: the n tokens quantised once, each row tile's codes unpacked
+    // once for many tokens; y[t, r] is bit for bit what n == 1 gives for token t.
+    const cpu::Q8Activations* const* xs = quantize_tokens(x, n, in, 0, "matmul");
+    pool_.parallel_for(rows, [&](int64_t begin, int64_t end) {
+      cpu::int8_rows_dot_tokens(w, row_begin + begin, end - begin, xs, n, y + begin, rows);
+    });
+    return;
+  }
   // Decode (n == 1) reads the packed rows with the input prepared once for the precision
-  // (exact f32 or int8); prefill dequantises rows.
+  // (exact f32 or int8); the exact prefill dequantises rows.
   DecodeInput* input = nullptr;
   if (n == 1) {
     input = &decode_input(0);

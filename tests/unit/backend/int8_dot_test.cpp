@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <stdexcept>
 #include <string>
@@ -443,6 +444,127 @@ TEST(Int8Dot, ZeroInputGivesZero) {
       cpu::int8_rows_dot(w.view(), 0, 9, xa, y.data(), isa);
       for (float v : y) EXPECT_EQ(v, 0.0f) << cpu::int8_isa_name(isa);
     }
+  }
+}
+
+// The many-token kernel of prefill (int8_rows_dot_tokens) against the one-token dot, bit for bit:
+// Q4 and Q8; 1, 3, 9 and 64 groups (a lone group, an odd pair, a partial last block, full
+// blocks); token counts around the tile of 16 (odd ones included), gathered in a permuted order
+// with repeats (as the MoE passes them); odd row counts (the last tile of one row) up to the
+// matrix's last row (its codes end at the guard page); an output stride wider than the rows,
+// whose gaps must stay untouched; every path, forced.
+TEST(Int8Dot, ManyTokensGiveTheOneTokenDotsBitForBit) {
+  Rng rng(6);
+  const std::vector<Int8Isa> paths = supported_paths();
+  for (int bits : {4, 8}) {
+    for (int64_t in : {64, 192, 576, 4096}) {
+      const int64_t rows = in == 4096 ? 21 : 37;
+      const TestWeight w = random_weight(rng, bits, rows, in);
+      std::vector<Q8Activations> pool;
+      for (int i = 0; i < 20; ++i) pool.push_back(quantise(random_input(rng, in, i % 3 == 0)));
+      for (int64_t n : {1, 3, 16, 17, 33}) {
+        std::vector<const Q8Activations*> xs;
+        for (int64_t t = 0; t < n; ++t) xs.push_back(&pool[static_cast<size_t>((t * 7 + t / 5) % 20)]);
+        const int64_t row_begin = 4;
+        const int64_t count = rows - row_begin;  // odd: 33 or 17, ends at the last row
+        const int64_t stride = count + 3;
+        std::vector<float> want(static_cast<size_t>(n * count));
+        for (int64_t t = 0; t < n; ++t) {
+          for (int64_t r = 0; r < count; ++r) {
+            want[static_cast<size_t>(t * count + r)] =
+                cpu::int8_row_dot(w.view(), row_begin + r, *xs[static_cast<size_t>(t)], Int8Isa::scalar);
+          }
+        }
+        for (Int8Isa isa : {Int8Isa::automatic, Int8Isa::avx512_vnni, Int8Isa::avx_vnni,
+                            Int8Isa::avx2, Int8Isa::scalar}) {
+          if (!cpu::int8_isa_supported(isa)) continue;
+          const std::string label = std::string(cpu::int8_isa_name(isa)) + " q" + std::to_string(bits) +
+                                    " in=" + std::to_string(in) + " n=" + std::to_string(n);
+          std::vector<float> y(static_cast<size_t>(n * stride), -7.0f);
+          cpu::int8_rows_dot_tokens(w.view(), row_begin, count, xs.data(), n, y.data(), stride, isa);
+          for (int64_t t = 0; t < n; ++t) {
+            for (int64_t r = 0; r < stride; ++r) {
+              const float got = y[static_cast<size_t>(t * stride + r)];
+              if (r >= count) {
+                ASSERT_EQ(got, -7.0f) << label << ": wrote the stride gap at token " << t << " col " << r;
+                continue;
+              }
+              ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want[static_cast<size_t>(t * count + r)]))
+                  << label << " token " << t << " row " << row_begin + r;
+            }
+          }
+        }
+      }
+      (void)paths;
+    }
+  }
+}
+
+// Extreme codes and activations through the many-token kernel (the largest integer sums: Q8's
+// 255 * 127 * 64 in both planes, combined before the reduction), every path bit for bit.
+TEST(Int8Dot, ManyTokensExtremeCodes) {
+  for (int bits : {4, 8}) {
+    const int top = (1 << bits) - 1;
+    const int64_t in = 576;
+    std::vector<float> x(static_cast<size_t>(in)), xneg(x.size());
+    for (int64_t c = 0; c < in; ++c) {
+      x[static_cast<size_t>(c)] = 3.5f;
+      xneg[static_cast<size_t>(c)] = c % 64 == 0 ? 3.5f : -3.5f;
+    }
+    const TestWeight w(bits, 3, in, [&](int64_t r, int64_t c) { return r == 1 ? 0 : (r == 0 || c % 2 == 0 ? top : 0); },
+                       [](int64_t, int64_t g) { return 0.01f * static_cast<float>(g + 1); },
+                       [](int64_t, int64_t g) { return -0.05f * static_cast<float>(g % 3); });
+    const Q8Activations a = quantise(x), b = quantise(xneg);
+    const Q8Activations* xs[] = {&a, &b, &a};
+    for (Int8Isa isa : supported_paths()) {
+      float y[9];
+      cpu::int8_rows_dot_tokens(w.view(), 0, 3, xs, 3, y, 3, isa);
+      for (int64_t t = 0; t < 3; ++t) {
+        for (int64_t r = 0; r < 3; ++r) {
+          EXPECT_EQ(std::bit_cast<uint32_t>(y[t * 3 + r]),
+                    std::bit_cast<uint32_t>(cpu::int8_row_dot(w.view(), r, *xs[t], Int8Isa::scalar)))
+              << cpu::int8_isa_name(isa) << " bits " << bits << " token " << t << " row " << r;
+        }
+      }
+    }
+  }
+}
+
+TEST(Int8Dot, ManyTokensRejectsBadArguments) {
+  Rng rng(7);
+  const TestWeight w = random_weight(rng, 4, 3, 128);
+  const Q8Activations a = quantise(random_input(rng, 128, false));
+  const Q8Activations narrow = quantise(random_input(rng, 64, false));
+  float y[16];
+  auto message = [&](const std::function<void()>& f) -> std::string {
+    try {
+      f();
+    } catch (const std::invalid_argument& e) {
+      return e.what();
+    }
+    return "(no error)";
+  };
+  const Q8Activations* ok[] = {&a, &a};
+  EXPECT_NO_THROW(cpu::int8_rows_dot_tokens(w.view(), 1, 2, ok, 2, y, 2));
+  const Q8Activations* with_null[] = {&a, nullptr};
+  EXPECT_NE(message([&] { cpu::int8_rows_dot_tokens(w.view(), 0, 3, with_null, 2, y, 3); }).find("token 1 is null"),
+            std::string::npos);
+  const Q8Activations* mixed[] = {&a, &narrow};
+  EXPECT_NE(message([&] { cpu::int8_rows_dot_tokens(w.view(), 0, 3, mixed, 2, y, 3); })
+                .find("takes 128 inputs, the activations hold 64"),
+            std::string::npos);
+  EXPECT_NE(message([&] { cpu::int8_rows_dot_tokens(w.view(), 0, 3, ok, 2, y, 2); }).find("stride 2 below the 3 rows"),
+            std::string::npos);
+  EXPECT_NE(message([&] { cpu::int8_rows_dot_tokens(w.view(), 1, 3, ok, 2, y, 3); }).find("outside weight"),
+            std::string::npos);
+  EXPECT_NE(message([&] { cpu::int8_rows_dot_tokens(w.view(), 0, 3, ok, -1, y, 3); }).find("token count -1"),
+            std::string::npos);
+  EXPECT_NE(message([&] { cpu::int8_rows_dot_tokens(w.view(), 0, 3, ok, 2, nullptr, 3); }).find("no output buffer"),
+            std::string::npos);
+  for (Int8Isa isa : kVectorPaths) {
+    if (cpu::int8_isa_supported(isa)) continue;
+    EXPECT_NE(message([&] { cpu::int8_rows_dot_tokens(w.view(), 0, 3, ok, 2, y, 3, isa); }).find(cpu::int8_isa_name(isa)),
+              std::string::npos);
   }
 }
 

@@ -27,9 +27,10 @@ struct ModelRun {
   std::vector<std::vector<float>> state;  // every state buffer, host copy
 };
 
-ModelRun run_model(const std::vector<int32_t>& ids, int64_t chunk, const std::vector<size_t>& splits) {
+ModelRun run_model(const std::vector<int32_t>& ids, int64_t chunk, const std::vector<size_t>& splits,
+                   CpuPrecision precision = CpuPrecision::exact) {
   const Checkpoint& checkpoint = testing::tiny_checkpoint(5);
-  std::unique_ptr<Backend> backend = make_cpu_backend(0);
+  std::unique_ptr<Backend> backend = make_cpu_backend(0, precision);
   Qwen36Model model(checkpoint, *backend, chunk);
   DecodeState state(*backend, checkpoint.config.shape, 256);
   size_t begin = 0;
@@ -83,6 +84,22 @@ TEST(Chunking, ChunkedAndTokenByTokenEqualOneShotPrefill) {
   std::vector<int32_t> other = ids;
   other[3] += 1;
   EXPECT_GT(max_difference(run_model(other, 256, {70}), one_shot), 1e-2);
+}
+
+// --cpu-precision fast: the prefill's products run on the same int8 dots as decode's (bit for
+// bit per op), so prefilling and decoding the prompt agree as in the exact path. Before the
+// int8 prefill they differed by the fast path's own error, which this also bounds from below.
+TEST(Chunking, FastPrefillEqualsFastTokenByToken) {
+  const std::vector<int32_t> ids = prompt_of(70);
+  const ModelRun one_shot = run_model(ids, 256, {70}, CpuPrecision::fast);
+  const ModelRun chunked = run_model(ids, 16, {70}, CpuPrecision::fast);
+  std::vector<size_t> every(70);
+  std::iota(every.begin(), every.end(), 1);
+  const ModelRun token_by_token = run_model(ids, 256, every, CpuPrecision::fast);
+  EXPECT_LT(max_difference(chunked, one_shot), 1e-4);
+  EXPECT_LT(max_difference(token_by_token, one_shot), 1e-4);
+  // The fast run is quantised: it differs from the exact one.
+  EXPECT_GT(max_difference(one_shot, run_model(ids, 256, {70})), 1e-4);
 }
 
 TEST(Chunking, ContinuingAStateEqualsPrefillingTheConcatenation) {

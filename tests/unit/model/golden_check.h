@@ -79,6 +79,8 @@ struct GoldenTolerances {
   // may be routed differently, and the logits are held to `router_flip_logit` instead.
   double router_tie = 0;
   double router_flip_logit = 0;
+  // And the greedy-flip margin there (0: `margin` still).
+  double router_flip_margin = 0;
 };
 
 // Greedy tokens must agree wherever the golden's top-2 margin exceeds `margin_tolerance`
@@ -97,14 +99,16 @@ inline void check_golden(const std::filesystem::path& file, Backend& backend, in
   const auto margins = golden["top2_margins"].get<std::vector<double>>();
 
   const Checkpoint& checkpoint = tiny_checkpoint(seed);
-  const double margin_tolerance = tolerances.margin;
+  double margin_tolerance = tolerances.margin;
   double logit_tolerance = tolerances.logit;
   if (tolerances.router_tie > 0) {
     const double gap = min_router_gap(checkpoint, prompt);
     if (gap < tolerances.router_tie) {
       logit_tolerance = tolerances.router_flip_logit;
-      std::printf("%s: a router top-k gap of %.3g in the prompt (below %.3g): logits held to %.3g\n",
-                  file.filename().c_str(), gap, tolerances.router_tie, logit_tolerance);
+      if (tolerances.router_flip_margin > 0) margin_tolerance = tolerances.router_flip_margin;
+      std::printf("%s: a router top-k gap of %.3g in the prompt (below %.3g): logits held to %.3g, "
+                  "flips to a margin of %.3g\n",
+                  file.filename().c_str(), gap, tolerances.router_tie, logit_tolerance, margin_tolerance);
     }
   }
   Qwen36Model model(checkpoint, backend, chunk);
