@@ -234,8 +234,8 @@ CpuPrecision cpu_precision_from(const Args& args) {
 
 OptionSpec cpu_precision_option() {
   return {"cpu-precision", true,
-          "CPU one-token matrix products: exact (f32, the default) or fast (int8 dot products, "
-          "about 5e-5 relative per dot; docs/precision.md)"};
+          "CPU matrix products (decode and prefill): exact (f32, the default) or fast (int8 dot "
+          "products, about 5e-5 relative per dot; docs/precision.md)"};
 }
 
 CudaOptions cuda_options_from(const Args& args) {
