@@ -169,6 +169,25 @@ __device__ __forceinline__ int64_t keys_per_split(int64_t keys, int splits) {
   return even > kDecodeMinKeys ? even : kDecodeMinKeys;
 }
 
+// The key range [begin, end) of decode split `split` when the new token sits at position P
+// (keys 0..P); false when the position is outside the cache or the split is empty (the
+// combine never reads an empty split's partial).
+struct DecodeSplit {
+  int64_t P = 0, begin = 0, end = 0;
+};
+__device__ __forceinline__ bool decode_split_range(int64_t pos_host, const int32_t* pos_device,
+                                                   int64_t capacity, int split, int splits,
+                                                   DecodeSplit& r) {
+  r.P = read_position(pos_host, pos_device);
+  if (r.P < 0 || r.P >= capacity) return false;
+  const int64_t keys = r.P + 1;
+  const int64_t kps = keys_per_split(keys, splits);
+  r.begin = static_cast<int64_t>(split) * kps;
+  if (r.begin >= keys) return false;
+  r.end = r.begin + kps < keys ? r.begin + kps : keys;
+  return true;
+}
+
 // The lane's share of a D-vector: kVec contiguous values at c * 32 * kVec + lane * kVec, so
 // that one load per chunk reads 16 bytes of a cache row (4 f32 or 8 bf16) where D allows.
 // Queries, keys, values and the accumulators all use the cache type's layout.
@@ -300,14 +319,10 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
   __shared__ float s_l[kDecodeWarps][G];
   __shared__ __align__(16) float s_acc[G][D];
 
-  const int64_t P = read_position(pos_host, pos_device);
-  if (P < 0 || P >= capacity) return;
-  const int64_t keys = P + 1;
+  DecodeSplit range;
   const int split = blockIdx.y;
-  const int64_t kps = keys_per_split(keys, splits);
-  const int64_t begin = static_cast<int64_t>(split) * kps;
-  if (begin >= keys) return;  // empty split: the combine never reads it
-  const int64_t end = begin + kps < keys ? begin + kps : keys;
+  if (!decode_split_range(pos_host, pos_device, capacity, split, splits, range)) return;
+  const int64_t P = range.P, begin = range.begin, end = range.end;
 
   const int unit = blockIdx.x;
   const int kvh = G > 1 ? unit : unit / group;
@@ -564,14 +579,10 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   __shared__ float s_m[kTcWarps][kTcG];
   __shared__ float s_l[kTcWarps][kTcG];
   grid_dependency_wait();
-  const int64_t P = read_position(pos_host, pos_device);
-  if (P < 0 || P >= capacity) return;
-  const int64_t keys = P + 1;
+  DecodeSplit range;
   const int split = blockIdx.y;
-  const int64_t kps = keys_per_split(keys, splits);
-  const int64_t begin = static_cast<int64_t>(split) * kps;
-  if (begin >= keys) return;  // empty split: the combine never reads it
-  const int64_t end = begin + kps < keys ? begin + kps : keys;
+  if (!decode_split_range(pos_host, pos_device, capacity, split, splits, range)) return;
+  const int64_t P = range.P, begin = range.begin, end = range.end;
   const int kvh = blockIdx.x;
   const int64_t row = static_cast<int64_t>(kv_heads) * kTcD;  // cache elements per position
   const int warp = threadIdx.x >> 5;
