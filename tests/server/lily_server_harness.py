@@ -530,14 +530,17 @@ class LilyServer:
                 self.cond.wait(remaining)
 
     def wait_lines(self, prefix: str, count: int, start: int = 0,
-                   timeout: float = 10.0) -> list[str]:
+                   timeout: float = 10.0, sync: bool = True) -> list[str]:
         """The lines at index >= start that begin with `prefix`, once there are `count` of them
         (or the timeout passes: the caller asserts on the count). A stream's log line follows
         the completion of its last write, which can come just after the client has read that
-        write, so a line can lag its response; each poll syncs (mark) first."""
+        write, so a line can lag its response; each poll syncs (mark) first. Without `sync`
+        (a server that is going down may not answer the sync request) it only waits for the
+        reader thread: right for lines the server writes before the response was read."""
         deadline = time.monotonic() + timeout
         while True:
-            self.mark()
+            if sync:
+                self.mark()
             lines = [line for line in self.lines_since(start) if line.startswith(prefix)]
             if len(lines) >= count or time.monotonic() > deadline:
                 return lines
