@@ -100,11 +100,16 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, KvCa
   }
   const int64_t group = dims.q_heads / dims.kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  // The pool hands each thread one contiguous range of items, and a causal token's work grows
+  // with its position: items walk the tokens from both ends (0, n-1, 1, n-2, ...) so every
+  // range holds as many long rows as short ones. Each (token, head) is computed alone, so the
+  // order changes no bit of the result.
   pool_.parallel_for(n * dims.q_heads, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scores;
     if (scores.size() < static_cast<size_t>(start_pos + n)) scores.resize(static_cast<size_t>(start_pos + n));
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t t = item / dims.q_heads;
+      const int64_t slot = item / dims.q_heads;
+      const int64_t t = slot % 2 == 0 ? slot / 2 : n - 1 - slot / 2;
       const int64_t h = item % dims.q_heads;
       const int64_t kvh = h / group;
       const float* q = qg + (t * dims.q_heads + h) * 2 * D;
