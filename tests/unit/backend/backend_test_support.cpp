@@ -35,6 +35,19 @@ std::vector<float> Rng::uniform_vector(size_t count, float lo, float hi) {
   return out;
 }
 
+std::vector<int32_t> random_expert_ids(Rng& rng, int64_t n, int64_t k, int64_t experts) {
+  std::vector<int32_t> ids;
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<int32_t> row;
+    while (static_cast<int64_t>(row.size()) < k) {
+      const int32_t e = rng.below(static_cast<int32_t>(experts));
+      if (std::find(row.begin(), row.end(), e) == row.end()) row.push_back(e);
+    }
+    ids.insert(ids.end(), row.begin(), row.end());
+  }
+  return ids;
+}
+
 namespace {
 
 void put_u16(std::byte* p, uint16_t v) { std::memcpy(p, &v, 2); }

@@ -27,6 +27,10 @@ class Rng {
   uint64_t state_;
 };
 
+// [n, k] expert ids in [0, experts): distinct within a token (as top-k gives), shared between
+// tokens. Needs k <= experts.
+std::vector<int32_t> random_expert_ids(Rng& rng, int64_t n, int64_t k, int64_t experts);
+
 // An MLX affine Q4/Q8 weight built in memory: random U32 codes, BF16 scales and biases shaped
 // like real MLX groups (bias = group minimum, about -scale * (2^bits - 1) / 2). `misalign`
 // shifts every buffer by that many bytes off its allocation, as safetensors offsets may.

@@ -90,17 +90,9 @@ constexpr int64_t kIntermediate = 70;  // I: output rows of gate/up (a partial l
 constexpr int64_t kInner = 576;        // the down projection's input: 9 groups
 constexpr int64_t kShared = 320;       // S: 5 groups
 
+// Expert ids for n tokens, k each, over this file's kExperts.
 std::vector<int32_t> random_ids(Rng& rng, int64_t n, int64_t k) {
-  std::vector<int32_t> ids;
-  for (int64_t t = 0; t < n; ++t) {
-    std::vector<int32_t> row;
-    while (static_cast<int64_t>(row.size()) < k) {
-      const int32_t e = rng.below(static_cast<int32_t>(kExperts));
-      if (std::find(row.begin(), row.end(), e) == row.end()) row.push_back(e);
-    }
-    ids.insert(ids.end(), row.begin(), row.end());
-  }
-  return ids;
+  return random_expert_ids(rng, n, k, static_cast<int64_t>(kExperts));
 }
 
 TEST(FastPrefill, ExpertSwigluEqualsOneTokenCallsBitForBit) {

@@ -22,18 +22,9 @@ constexpr uint64_t kHidden = 128;        // H: input width of gate/up, output ro
 constexpr uint64_t kIntermediate = 64;   // I
 constexpr uint64_t kShared = 128;        // S
 
-// Distinct expert ids per token (as top-k gives), with experts shared between tokens.
+// Expert ids for n tokens, k each, over this file's kExperts.
 std::vector<int32_t> random_ids(Rng& rng, int64_t n, int64_t k) {
-  std::vector<int32_t> ids;
-  for (int64_t t = 0; t < n; ++t) {
-    std::vector<int32_t> row;
-    while (static_cast<int64_t>(row.size()) < k) {
-      const int32_t e = rng.below(static_cast<int32_t>(kExperts));
-      if (std::find(row.begin(), row.end(), e) == row.end()) row.push_back(e);
-    }
-    ids.insert(ids.end(), row.begin(), row.end());
-  }
-  return ids;
+  return random_expert_ids(rng, n, k, static_cast<int64_t>(kExperts));
 }
 
 void check_swiglu(Backend& be, const QuantWeight& gate, const QuantWeight& up, Rng& rng,
