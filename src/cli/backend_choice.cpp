@@ -56,6 +56,15 @@ LoadProgressFn upload_progress() {
   };
 }
 
+void load_weights(const Checkpoint& checkpoint) {
+  LoadProgress progress(stderr, ::isatty(STDERR_FILENO) != 0, "loading weights");
+  checkpoint.store.prefetch([&](uint64_t done, uint64_t total) {
+    progress.update(done, total);
+    return true;
+  });
+  progress.finish();
+}
+
 BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uint64_t max_seq,
                              int states, uint64_t extra_bytes) {
   const std::string device = args.get("device").value_or("auto");

@@ -39,6 +39,11 @@ BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uin
 // Prepare-time progress for a device upload: a bar on a terminal, plain lines otherwise.
 LoadProgressFn upload_progress();
 
+// Reads every shard once with a "loading weights" progress line (TensorStore::prefetch), as
+// serve does at start-up: the page cache holds the checkpoint and this process's page tables
+// map all of it, so no measured step pays a first-touch fault (llama.cpp's MAP_POPULATE).
+void load_weights(const Checkpoint& checkpoint);
+
 // Prints the decode plan the model runs (CUDA: which fused kernels, or why a part runs the ops)
 // to stderr; nothing when the backend has no plan (the CPU).
 void announce_decode_path(const Qwen36Model& model);

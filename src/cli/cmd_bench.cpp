@@ -66,6 +66,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
     }
   } cleanup{partial};
 
+  load_weights(*checkpoint);  // outside the measurement, as llama-bench's mmap populate
   BackendChoice choice = choose_backend(args, *checkpoint, capacity, 1);
   const std::unique_ptr<Backend> backend = std::move(choice.backend);
   Qwen36Model model(*checkpoint, *backend, choice.chunk, upload_progress());

@@ -80,6 +80,7 @@ int cmd_run(const std::vector<std::string>& argv) {
     throw InputError("prompt (" + std::to_string(prompt.size()) + " tokens) + --max-tokens " +
                      std::to_string(max_tokens) + " exceed --max-seq " + std::to_string(max_seq));
   }
+  load_weights(*checkpoint);
   BackendChoice choice = choose_backend(args, *checkpoint, max_seq, 1);
   const std::unique_ptr<Backend> backend = std::move(choice.backend);
   Qwen36Model model(*checkpoint, *backend, choice.chunk, upload_progress());
