@@ -78,6 +78,9 @@ class CpuBackend : public Backend {
   // Which matrix-product path runs (--cpu-precision), and on which instructions.
   std::string code_path() const override;
   CpuPrecision precision() const { return precision_; }
+  // The thread pool's barriers so far (ThreadPool::barriers): the tests of the one-barrier decode
+  // ops assert with it that the merged path ran.
+  uint64_t pool_barriers() const { return pool_.barriers(); }
   int threads() const override { return pool_.size(); }
   std::string device_name() const override;
   using Backend::prepare;
@@ -100,6 +103,9 @@ class CpuBackend : public Backend {
   void embed(const QuantView& table, const int32_t* ids, int64_t n, float* out) override;
   void matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
               float* y) override;
+  // One token: the input prepared once and every target's rows in one parallel_for (one pool
+  // barrier per group, not one per target); otherwise the targets in turn. Same bits either way.
+  void matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t n) override;
   void rms_norm(const float* x, const DenseView& gain, int64_t n, int64_t dim, float eps,
                 float* out) override;
   void add_rms_norm(float* residual, const float* delta, const DenseView& gain, int64_t n,
@@ -121,6 +127,12 @@ class CpuBackend : public Backend {
                  float* weights) override;
   void expert_swiglu(const QuantView& gate, const QuantView& up, const float* x,
                      const int32_t* ids, int64_t n, int64_t k, float* h) override;
+  // One token: the routed and the shared expert's rows in one parallel_for on one prepared
+  // input; otherwise the two expert_swiglu calls. Same bits either way.
+  void expert_swiglu_with_shared(const QuantView& gate, const QuantView& up, const int32_t* ids,
+                                 int64_t k, float* h, const QuantView& shared_gate,
+                                 const QuantView& shared_up, float* shared_h, const float* x,
+                                 int64_t n) override;
   void expert_down_combine(const QuantView& down, const float* h, const int32_t* ids,
                            const float* weights, int64_t n, int64_t k,
                            const QuantView& shared_down, const float* shared_h,
@@ -150,6 +162,9 @@ class CpuBackend : public Backend {
     cpu::Q8Activations q8;
     void prepare(const float* x, int64_t in, CpuPrecision precision);
     float dot(const QuantView& w, int64_t row) const;  // sum_c W[row, c] x[c]
+    // y[r] = dot(w, row_begin + r) for r in [0, rows): y f32 [rows]. One call streams the rows
+    // in order (the fast path's int8_rows_dot checks the range once).
+    void dots(const QuantView& w, int64_t row_begin, int64_t rows, float* y) const;
   };
   // The index-th input of an op (expert_down_combine prepares k + 1); grows on demand.
   DecodeInput& decode_input(size_t index);

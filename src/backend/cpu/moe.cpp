@@ -67,6 +67,34 @@ std::vector<int64_t> gather_tokens(const ExpertGroups& groups, const cpu::Q8Acti
 inline float swiglu(float g, float u) { return cpu::silu(g) * u; }
 inline float add_weighted(float acc, float w, float d) { return acc + w * d; }
 
+// Decode's SwiGLU over rows [row, row + rows) of one expert's gate and up (rows <= kRowChunk):
+// the gate rows, then the up rows, each one ordered stream, into h [rows] f32. Same dots, so
+// the same bits as one row at a time.
+template <typename Input>
+void swiglu_rows(const Input& input, const QuantView& gate, const QuantView& up, int64_t row,
+                 int64_t rows, float* h) {
+  float g[kRowChunk];  // f32 [rows]
+  float u[kRowChunk];
+  input.dots(gate, row, rows, g);
+  input.dots(up, row, rows, u);
+  for (int64_t r = 0; r < rows; ++r) h[r] = swiglu(g[r], u[r]);
+}
+
+// Decode's items [begin, end) of `slots` blocks of I rows each (item = slot * I + row): expert
+// ids[slot] (0 without ids), in chunks that stay within one block.
+template <typename Input>
+void swiglu_items(const Input& input, const QuantView& gate, const QuantView& up, const int32_t* ids,
+                  int64_t I, int64_t begin, int64_t end, float* h) {
+  for (int64_t item = begin; item < end;) {
+    const int64_t slot = item / I;
+    const int64_t r0 = item % I;
+    const int64_t rows = std::min({kRowChunk, I - r0, end - item});
+    const int64_t e = ids != nullptr ? ids[slot] : 0;
+    swiglu_rows(input, gate, up, e * I + r0, rows, h + item);
+    item += rows;
+  }
+}
+
 }  // namespace
 
 void CpuBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const float* x,
@@ -79,13 +107,7 @@ void CpuBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const
     DecodeInput& input = decode_input(0);
     input.prepare(x, in, precision_);
     pool_.parallel_for(k * I, [&](int64_t begin, int64_t end) {
-      for (int64_t item = begin; item < end; ++item) {
-        const int64_t slot = item / I;
-        const int64_t e = ids != nullptr ? ids[slot] : 0;
-        const float g = input.dot(gate, e * I + item % I);
-        const float u = input.dot(up, e * I + item % I);
-        h[item] = swiglu(g, u);
-      }
+      swiglu_items(input, gate, up, ids, I, begin, end, h);
     });
     return;
   }
@@ -135,6 +157,33 @@ void CpuBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const
   });
 }
 
+void CpuBackend::expert_swiglu_with_shared(const QuantView& gate, const QuantView& up,
+                                           const int32_t* ids, int64_t k, float* h,
+                                           const QuantView& shared_gate, const QuantView& shared_up,
+                                           float* shared_h, const float* x, int64_t n) {
+  // Prefill, or a shared expert of another width than the routed ones (which the model has not):
+  // the two ops in turn.
+  if (n != 1 || shared_gate.in != gate.in) {
+    return Backend::expert_swiglu_with_shared(gate, up, ids, k, h, shared_gate, shared_up, shared_h, x, n);
+  }
+  contract::check_expert_swiglu(gate, up, x, ids, n, k, h);
+  contract::check_expert_swiglu(shared_gate, shared_up, x, nullptr, n, 1, shared_h);
+  check_ids(ids, k, gate.experts, "expert_swiglu_with_shared");
+  const auto I = static_cast<int64_t>(gate.out);
+  const auto S = static_cast<int64_t>(shared_gate.out);
+  DecodeInput& input = decode_input(0);
+  input.prepare(x, static_cast<int64_t>(gate.in), precision_);
+  // Items [0, k * I) are the routed slots' rows, [k * I, k * I + S) the shared expert's: one
+  // pool barrier for both.
+  pool_.parallel_for(k * I + S, [&](int64_t begin, int64_t end) {
+    if (begin < k * I) swiglu_items(input, gate, up, ids, I, begin, std::min(end, k * I), h);
+    if (end > k * I) {
+      const int64_t lo = std::max(begin, k * I) - k * I;
+      swiglu_items(input, shared_gate, shared_up, nullptr, S, lo, end - k * I, shared_h);
+    }
+  });
+}
+
 void CpuBackend::expert_down_combine(const QuantView& down, const float* h, const int32_t* ids,
                                      const float* weights, int64_t n, int64_t k,
                                      const QuantView& shared_down, const float* shared_h,
@@ -151,12 +200,21 @@ void CpuBackend::expert_down_combine(const QuantView& down, const float* h, cons
     shared_input.prepare(shared_h, S, precision_);
     const float gate = cpu::sigmoid(shared_logit[0]);
     pool_.parallel_for(H, [&](int64_t begin, int64_t end) {
-      for (int64_t r = begin; r < end; ++r) {
-        float acc = 0.0f;
+      // Per chunk of output rows: each slot's expert rows as one ordered stream (not the k
+      // experts' rows interleaved row by row), then combined per row in slot order as before.
+      thread_local std::vector<float> dots;  // f32 [k + 1, kRowChunk]: slot j's, then shared
+      grow(dots, (k + 1) * kRowChunk);
+      for (int64_t r0 = begin; r0 < end; r0 += kRowChunk) {
+        const int64_t rows = std::min(kRowChunk, end - r0);
         for (int64_t j = 0; j < k; ++j) {
-          acc = add_weighted(acc, weights[j], decode_inputs_[static_cast<size_t>(j)].dot(down, ids[j] * H + r));
+          decode_inputs_[static_cast<size_t>(j)].dots(down, ids[j] * H + r0, rows, dots.data() + j * kRowChunk);
         }
-        out[r] = add_weighted(acc, gate, shared_input.dot(shared_down, r));
+        shared_input.dots(shared_down, r0, rows, dots.data() + k * kRowChunk);
+        for (int64_t r = 0; r < rows; ++r) {
+          float acc = 0.0f;
+          for (int64_t j = 0; j < k; ++j) acc = add_weighted(acc, weights[j], dots[static_cast<size_t>(j * kRowChunk + r)]);
+          out[r0 + r] = add_weighted(acc, gate, dots[static_cast<size_t>(k * kRowChunk + r)]);
+        }
       }
     });
     return;

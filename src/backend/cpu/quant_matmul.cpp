@@ -1,4 +1,5 @@
 // CPU quantized matmul over MLX affine Q4/Q8 weights, used in place from the mapping.
+#include <algorithm>
 #include <atomic>
 #include <stdexcept>
 #include <string>
@@ -167,6 +168,11 @@ float CpuBackend::DecodeInput::dot(const QuantView& w, int64_t row) const {
   return fast ? cpu::int8_row_dot(w, row, q8) : cpu::quant_row_dot(w, row, permuted.data(), sums.data());
 }
 
+void CpuBackend::DecodeInput::dots(const QuantView& w, int64_t row_begin, int64_t rows, float* y) const {
+  if (fast) return cpu::int8_rows_dot(w, row_begin, rows, q8, y);
+  for (int64_t r = 0; r < rows; ++r) y[r] = cpu::quant_row_dot(w, row_begin + r, permuted.data(), sums.data());
+}
+
 const cpu::Q8Activations* const* CpuBackend::quantize_tokens(const float* x, int64_t count,
                                                              int64_t in, size_t first,
                                                              const char* op) {
@@ -220,12 +226,8 @@ void CpuBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, con
     input->prepare(x, in, precision_);
   }
   pool_.parallel_for(rows, [&](int64_t begin, int64_t end) {
-    if (n == 1) {  // decode: one pass over the packed row
-      if (input->fast) {
-        cpu::int8_rows_dot(w, row_begin + begin, end - begin, input->q8, y + begin);
-        return;
-      }
-      for (int64_t r = begin; r < end; ++r) y[r] = input->dot(w, row_begin + r);
+    if (n == 1) {  // decode: one pass over the packed rows
+      input->dots(w, row_begin + begin, end - begin, y + begin);
       return;
     }
     thread_local cpu::DecodedRow decoded;  // prefill: unpack each row once, reuse it for every token
@@ -234,6 +236,35 @@ void CpuBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, con
       for (int64_t t = 0; t < n; ++t) {
         y[t * rows + r] = decoded.dot(x + t * in);
       }
+    }
+  });
+}
+
+void CpuBackend::matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t n) {
+  bool same_width = true;
+  int64_t total = 0;
+  for (size_t i = 0; i < targets.size(); ++i) {
+    const MatmulTarget& t = targets[i];
+    if (t.w == nullptr) {
+      throw std::invalid_argument("matmul_group: targets[" + std::to_string(i) +
+                                  "].w is null, expected a weight");
+    }
+    contract::check_matmul(*t.w, t.row_begin, t.rows, x, n, t.y);
+    same_width = same_width && t.w->in == targets[0].w->in;
+    total += t.rows;
+  }
+  // Prefill, or targets of different widths (which no model group has): one matmul each.
+  if (n != 1 || !same_width || targets.empty()) return Backend::matmul_group(targets, x, n);
+  DecodeInput& input = decode_input(0);
+  input.prepare(x, static_cast<int64_t>(targets[0].w->in), precision_);
+  // Item i is row i of the targets' rows laid end to end; a thread's range may span targets.
+  pool_.parallel_for(total, [&](int64_t begin, int64_t end) {
+    int64_t first = 0;  // the targets' first item
+    for (const MatmulTarget& t : targets) {
+      const int64_t lo = std::max(begin, first);
+      const int64_t hi = std::min(end, first + t.rows);
+      if (lo < hi) input.dots(*t.w, t.row_begin + (lo - first), hi - lo, t.y + (lo - first));
+      first += t.rows;
     }
   });
 }

@@ -26,6 +26,10 @@ class ThreadPool {
   ThreadPool& operator=(const ThreadPool&) = delete;
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
+  // How many parallel_for calls have gone to the workers so far (each one a barrier: the caller
+  // waits for every worker). A call of count <= 1 or on a one-thread pool runs inline and does
+  // not count.
+  uint64_t barriers() const { return generation_.load(std::memory_order_relaxed); }
   void parallel_for(int64_t count, const std::function<void(int64_t, int64_t)>& fn);
 
  private:
