@@ -11,7 +11,7 @@ namespace lily {
 
 // Allocated once per session at `capacity` tokens; nothing is allocated while decoding.
 // All buffers live in the backend's memory. The KV caches' element type is chosen when the
-// state is made (--kv-cache: f32, or bf16 on CUDA); everything else is f32.
+// state is made (--kv-cache: f32, or bf16 on either backend); everything else is f32.
 struct DecodeState {
   struct AttentionCache {
     KvCacheView keys;    // [capacity, kv_heads, head_dim] of kv_dtype

@@ -1,11 +1,15 @@
-// CPU gated full attention: q/k zero-centred norm, partial NeoX RoPE, KV cache, causal softmax.
+// CPU gated full attention: q/k zero-centred norm, partial NeoX RoPE, KV cache (f32 or bf16), causal softmax.
+#include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/op_contract.h"
+#include "core/bf16.h"
 
 namespace lily {
 
@@ -50,6 +54,29 @@ int64_t resolve_position(SeqPos pos, const char* op) {
   return position;
 }
 
+// Keys (values) per tile of the attention loops, and the most query heads one item serves.
+constexpr int64_t kTile = 8;
+constexpr int64_t kMaxGroup = 16;
+
+// dst[i] = the bf16 nearest src[i] (ties to even: core/bf16.h, the bits CUDA stores).
+LILY_CPU_CLONES void round_rows_to_bf16(const float* src, int64_t count, uint16_t* dst) {
+#pragma omp simd
+  for (int64_t i = 0; i < count; ++i) dst[i] = f32_to_bf16(src[i]);
+}
+
+// `count` rows of `width` bf16 values, `stride` apart in src, widened (exactly) into dst
+// [count, width] f32. Defined and called in this file: a target_clones function called from
+// another file gets a resolver there that may not find the clones at link time.
+LILY_CPU_CLONES void widen_rows_from_bf16(const uint16_t* src, int64_t count, int64_t width,
+                                          int64_t stride, float* dst) {
+  for (int64_t r = 0; r < count; ++r) {
+    const uint16_t* in = src + r * stride;
+    float* o = dst + r * width;
+#pragma omp simd
+    for (int64_t i = 0; i < width; ++i) o[i] = std::bit_cast<float>(static_cast<uint32_t>(in[i]) << 16);
+  }
+}
+
 }  // namespace
 
 void CpuBackend::attention_prepare(float* qg, float* k, const DenseView& q_norm,
@@ -82,55 +109,111 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, KvCa
                            KvCacheView v_view, int64_t capacity, const AttentionDims& dims,
                            SeqPos pos, int64_t n, float* out) {
   contract::check_attention(qg, k, v, k_view, v_view, capacity, dims, pos, n, out);
-  // The CPU keeps f32 caches (alloc_kv_cache refuses bf16 here); a bf16 view is a caller bug.
-  cpu::require(k_view.dtype == KvDtype::f32, "attention",
-               std::string("the CPU backend reads f32 KV caches only, got ") +
-                   kv_dtype_name(k_view.dtype) + " (--kv-cache f32)");
-  float* k_cache = k_view.f32();
-  float* v_cache = v_view.f32();
   const int64_t start_pos = resolve_position(pos, "attention");
   cpu::require(start_pos + n <= capacity, "attention",
                "the device position + n is " + std::to_string(start_pos + n) +
                    ", expected at most the KV cache capacity " + std::to_string(capacity));
+  const bool bf16 = k_view.dtype == KvDtype::bf16;
   const int64_t D = dims.head_dim;
   const int64_t row = dims.kv_heads * D;
-  for (int64_t t = 0; t < n; ++t) {
-    std::copy(k + t * row, k + (t + 1) * row, k_cache + (start_pos + t) * row);
-    std::copy(v + t * row, v + (t + 1) * row, v_cache + (start_pos + t) * row);
+  // This step's rows into the cache: copied (f32) or rounded to nearest-even (bf16), which
+  // every read below then sees, the new rows' own queries included.
+  if (bf16) {
+    uint16_t* k_bits = k_view.bf16_bits();
+    uint16_t* v_bits = v_view.bf16_bits();
+    round_rows_to_bf16(k, n * row, k_bits + start_pos * row);
+    round_rows_to_bf16(v, n * row, v_bits + start_pos * row);
+  } else {
+    float* k_cache = k_view.f32();
+    float* v_cache = v_view.f32();
+    for (int64_t t = 0; t < n; ++t) {
+      std::copy(k + t * row, k + (t + 1) * row, k_cache + (start_pos + t) * row);
+      std::copy(v + t * row, v + (t + 1) * row, v_cache + (start_pos + t) * row);
+    }
   }
   const int64_t group = dims.q_heads / dims.kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
+  // One item is `heads` query heads of one kv head (a divisor of the group, as large as
+  // leaves an item per thread): they read each tile of kTile keys or values once, while it is
+  // in L1 (a bf16 tile widened once into f32 for all of them), instead of once per head.
+  int64_t heads = std::min(group, kMaxGroup);
+  while (group % heads != 0) --heads;
+  while (heads > 1 && n * dims.q_heads / heads < threads()) {
+    --heads;
+    while (group % heads != 0) --heads;
+  }
+  const int64_t chunks = group / heads;  // items per (token, kv head)
+  const int64_t per_slot = dims.kv_heads * chunks;
   // The pool hands each thread one contiguous range of items, and a causal token's work grows
   // with its position: items walk the tokens from both ends (0, n-1, 1, n-2, ...) so every
-  // range holds as many long rows as short ones. Each (token, head) is computed alone, so the
-  // order changes no bit of the result.
-  pool_.parallel_for(n * dims.q_heads, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> scores;
-    if (scores.size() < static_cast<size_t>(start_pos + n)) scores.resize(static_cast<size_t>(start_pos + n));
+  // range holds as many long rows as short ones. Each (token, head) is computed alone, in the
+  // same order whatever the grouping, so neither the order nor `heads` changes a bit.
+  pool_.parallel_for(n * per_slot, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scores;  // [heads, start_pos + n]
+    thread_local std::vector<float> tile;    // bf16: one tile widened, [kTile, head_dim]
+    const auto stride = static_cast<size_t>(start_pos + n);
+    if (scores.size() < static_cast<size_t>(heads) * stride) scores.resize(static_cast<size_t>(heads) * stride);
+    if (bf16 && tile.size() < static_cast<size_t>(kTile * D)) tile.resize(static_cast<size_t>(kTile * D));
+    // Rows j0..j0+count-1 of kv head kvh of a cache, as f32: row i at the result + i * *step.
+    const auto rows = [&](const KvCacheView& cache, int64_t kvh, int64_t j0, int64_t count,
+                          int64_t* step) -> const float* {
+      if (!bf16) {
+        *step = row;
+        return cache.f32() + j0 * row + kvh * D;
+      }
+      *step = D;
+      widen_rows_from_bf16(cache.bf16_bits() + j0 * row + kvh * D, count, D, row, tile.data());
+      return tile.data();
+    };
     for (int64_t item = begin; item < end; ++item) {
-      const int64_t slot = item / dims.q_heads;
+      const int64_t slot = item / per_slot;
       const int64_t t = slot % 2 == 0 ? slot / 2 : n - 1 - slot / 2;
-      const int64_t h = item % dims.q_heads;
-      const int64_t kvh = h / group;
-      const float* q = qg + (t * dims.q_heads + h) * 2 * D;
-      const float* gate = q + D;
+      const int64_t kvh = item % per_slot / chunks;
+      const int64_t h0 = kvh * group + item % chunks * heads;  // query heads h0..h0+heads-1
       const int64_t last = start_pos + t;  // causal: keys 0..last
-      float max = -INFINITY;
-      for (int64_t j = 0; j <= last; ++j) {
-        scores[static_cast<size_t>(j)] = cpu::dot(q, k_cache + j * row + kvh * D, D) * scale;
-        max = std::max(max, scores[static_cast<size_t>(j)]);
+      float max[kMaxGroup];
+      float total[kMaxGroup];
+      for (int64_t g = 0; g < heads; ++g) max[g] = -INFINITY;
+      for (int64_t j0 = 0; j0 <= last; j0 += kTile) {
+        const int64_t count = std::min(kTile, last + 1 - j0);
+        int64_t step = 0;
+        const float* keys = rows(k_view, kvh, j0, count, &step);
+        for (int64_t g = 0; g < heads; ++g) {
+          const float* q = qg + (t * dims.q_heads + h0 + g) * 2 * D;
+          float* s = scores.data() + static_cast<size_t>(g) * stride;
+          for (int64_t j = j0; j < j0 + count; ++j) {
+            s[j] = cpu::dot(q, keys + (j - j0) * step, D) * scale;
+            max[g] = std::max(max[g], s[j]);
+          }
+        }
       }
-      float total = 0.0f;
-      for (int64_t j = 0; j <= last; ++j) {
-        scores[static_cast<size_t>(j)] = std::exp(scores[static_cast<size_t>(j)] - max);
-        total += scores[static_cast<size_t>(j)];
+      for (int64_t g = 0; g < heads; ++g) {
+        float* s = scores.data() + static_cast<size_t>(g) * stride;
+        total[g] = 0.0f;
+        for (int64_t j = 0; j <= last; ++j) {
+          s[j] = std::exp(s[j] - max[g]);
+          total[g] += s[j];
+        }
+        float* o = out + (t * dims.q_heads + h0 + g) * D;
+        std::fill(o, o + D, 0.0f);
       }
-      float* o = out + (t * dims.q_heads + h) * D;
-      std::fill(o, o + D, 0.0f);
-      for (int64_t j = 0; j <= last; ++j) {
-        cpu::axpy(scores[static_cast<size_t>(j)] / total, v_cache + j * row + kvh * D, o, D);
+      for (int64_t j0 = 0; j0 <= last; j0 += kTile) {
+        const int64_t count = std::min(kTile, last + 1 - j0);
+        int64_t step = 0;
+        const float* values = rows(v_view, kvh, j0, count, &step);
+        for (int64_t g = 0; g < heads; ++g) {
+          const float* s = scores.data() + static_cast<size_t>(g) * stride;
+          float* o = out + (t * dims.q_heads + h0 + g) * D;
+          for (int64_t j = j0; j < j0 + count; ++j) {
+            cpu::axpy(s[j] / total[g], values + (j - j0) * step, o, D);
+          }
+        }
       }
-      for (int64_t i = 0; i < D; ++i) o[i] *= cpu::sigmoid(gate[i]);
+      for (int64_t g = 0; g < heads; ++g) {
+        const float* gate = qg + (t * dims.q_heads + h0 + g) * 2 * D + D;
+        float* o = out + (t * dims.q_heads + h0 + g) * D;
+        for (int64_t i = 0; i < D; ++i) o[i] *= cpu::sigmoid(gate[i]);
+      }
     }
   });
 }

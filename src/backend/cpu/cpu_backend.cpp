@@ -2,6 +2,7 @@
 #include "backend/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <fstream>
 #include <numeric>
@@ -59,6 +60,22 @@ std::string CpuBackend::device_name() const {
 float* CpuBackend::alloc(size_t count) { return buffers_.emplace_back(count, 0.0f).data(); }
 int32_t* CpuBackend::alloc_i32(size_t count) { return int_buffers_.emplace_back(count, 0).data(); }
 void CpuBackend::zero(float* buffer, size_t count) { std::fill(buffer, buffer + count, 0.0f); }
+KvCacheView CpuBackend::alloc_kv_cache(size_t count, KvDtype dtype) {
+  if (dtype == KvDtype::f32) return KvCacheView(alloc(count));
+  return KvCacheView::bf16(bf16_kv_buffers_.emplace_back(count, uint16_t{0}).data());
+}
+void CpuBackend::zero_kv_cache(const KvCacheView& cache, size_t count) {
+  if (cache.dtype == KvDtype::f32) return zero(cache.f32(), count);
+  std::fill(cache.bf16_bits(), cache.bf16_bits() + count, uint16_t{0});  // bf16 +0.0
+}
+void CpuBackend::copy_kv_to_host(const KvCacheView& cache, size_t count, void* host_dst) {
+  cpu::require(cache.data != nullptr && host_dst != nullptr, "copy_kv_to_host", "a null buffer");
+  std::memcpy(host_dst, cache.data, count * kv_dtype_bytes(cache.dtype));
+}
+void CpuBackend::copy_kv_from_host(const void* host_src, size_t count, const KvCacheView& cache) {
+  cpu::require(cache.data != nullptr && host_src != nullptr, "copy_kv_from_host", "a null buffer");
+  std::memcpy(cache.data, host_src, count * kv_dtype_bytes(cache.dtype));
+}
 void CpuBackend::copy_to_host(const float* src, size_t count, float* host_dst) {
   std::copy(src, src + count, host_dst);
 }
@@ -73,6 +90,7 @@ uint64_t CpuBackend::allocated_bytes() const {
   uint64_t bytes = 0;
   for (const auto& b : buffers_) bytes += b.size() * sizeof(float);
   for (const auto& b : int_buffers_) bytes += b.size() * sizeof(int32_t);
+  for (const auto& b : bf16_kv_buffers_) bytes += b.size() * sizeof(uint16_t);
   for (const auto& b : scratch_) bytes += b.capacity() * sizeof(float);
   const cpu::SamplerWork& w = sampler_work_;
   const auto held = [](const auto& v) { return v.capacity() * sizeof(v[0]); };

@@ -87,6 +87,16 @@ class CpuBackend : public Backend {
   void prepare(const ModelWeights& weights, const LoadProgressFn& progress) override;
   float* alloc(size_t count) override;
   int32_t* alloc_i32(size_t count) override;
+  // KV caches of either dtype (--kv-cache): f32 buffers as alloc, or bf16 bit patterns
+  // (uint16_t, core/bf16.h), which attention rounds to nearest-even when it writes a row and
+  // widens exactly to f32 when it reads one (attention.cpp).
+  bool serves_kv_cache(KvDtype dtype) const override {
+    return dtype == KvDtype::f32 || dtype == KvDtype::bf16;
+  }
+  KvCacheView alloc_kv_cache(size_t count, KvDtype dtype) override;
+  void zero_kv_cache(const KvCacheView& cache, size_t count) override;
+  void copy_kv_to_host(const KvCacheView& cache, size_t count, void* host_dst) override;
+  void copy_kv_from_host(const void* host_src, size_t count, const KvCacheView& cache) override;
   void zero(float* buffer, size_t count) override;
   void copy_to_host(const float* src, size_t count, float* host_dst) override;
   void copy_from_host(const int32_t* host_src, size_t count, int32_t* dst) override;
@@ -191,6 +201,7 @@ class CpuBackend : public Backend {
   cpu::SamplerWork sampler_work_;
   std::deque<std::vector<float>> buffers_;
   std::deque<std::vector<int32_t>> int_buffers_;
+  std::deque<std::vector<uint16_t>> bf16_kv_buffers_;  // the bf16 KV caches
 };
 
 }  // namespace lily

@@ -157,6 +157,47 @@ TEST(StateSnapshot, RestoredStateGivesTheLogitsOfAFreshPrefill) {
   EXPECT_GT(max_abs_difference(wrong, one_shot), 1e-2);
 }
 
+// With a bf16 KV cache on the CPU (--kv-cache bf16): the snapshot holds no KV rows, and the
+// restored state's rows below the position are the rounded ones it wrote, so restore + Y gives
+// the fresh state's logits and KV bits exactly (the same chunking), as with f32.
+TEST(StateSnapshot, RestoreWithABf16KvCacheGivesTheFreshStatesBits) {
+  const auto prefix = tokens(21, 1);
+  const auto dropped = tokens(9, 2);
+  const auto continued = tokens(7, 3);
+  DecodeState state(*tiny().backend, shape(), kMaxSeq, KvDtype::bf16);
+  tiny().model.forward(state, prefix);
+  StateSnapshot snapshot(*tiny().backend, shape());
+  snapshot.capture(*tiny().backend, state);
+  tiny().model.forward(state, dropped);
+  snapshot.restore(*tiny().backend, state);
+  ASSERT_EQ(state.position, 21);
+  tiny().model.forward(state, continued);
+  const std::vector<float> restored = logits_now();
+  DecodeState fresh(*tiny().backend, shape(), kMaxSeq, KvDtype::bf16);
+  tiny().model.forward(fresh, prefix);
+  tiny().model.forward(fresh, continued);
+  EXPECT_EQ(restored, logits_now());  // bit for bit
+  const size_t used = static_cast<size_t>(state.position) * shape().num_key_value_heads * shape().head_dim;
+  for (size_t i = 0; i < state.attention.size(); ++i) {
+    if (state.kinds[i] != LayerKind::full_attention) continue;
+    for (int which = 0; which < 2; ++which) {
+      const KvCacheView& a = which == 0 ? state.attention[i].keys : state.attention[i].values;
+      const KvCacheView& b = which == 0 ? fresh.attention[i].keys : fresh.attention[i].values;
+      ASSERT_EQ(a.dtype, KvDtype::bf16);
+      std::vector<uint16_t> ha(state.kv_elements), hb(state.kv_elements);
+      tiny().backend->copy_kv_to_host(a, ha.size(), ha.data());
+      tiny().backend->copy_kv_to_host(b, hb.size(), hb.data());
+      EXPECT_TRUE(std::equal(ha.begin(), ha.begin() + static_cast<std::ptrdiff_t>(used), hb.begin()))
+          << "layer " << i << (which == 0 ? " keys" : " values");
+    }
+  }
+  // And it is not the f32 state's: the logits differ.
+  DecodeState f32(*tiny().backend, shape(), kMaxSeq);
+  tiny().model.forward(f32, prefix);
+  tiny().model.forward(f32, continued);
+  EXPECT_GT(max_abs_difference(restored, logits_now()), 0.0);
+}
+
 TEST(StateSnapshot, RestoreOnlyIntoTheStateItWasTakenFrom) {
   StateSnapshot snapshot(*tiny().backend, shape());
   DecodeState state(*tiny().backend, shape(), kMaxSeq);

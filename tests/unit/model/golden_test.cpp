@@ -1,5 +1,10 @@
-// The CPU model against goldens from transformers' Qwen3_5MoeForCausalLM (float64).
+// The CPU model against goldens from transformers' Qwen3_5MoeForCausalLM (float64): exact, --cpu-precision fast, and a bf16 KV cache.
 #include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <map>
+#include <vector>
 
 #include "golden_check.h"
 
@@ -44,6 +49,70 @@ TEST_P(FastGoldenTest, GreedyTokensAndTopLogitsMatchTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Tiny, FastGoldenTest, ::testing::ValuesIn(testing::golden_files()),
                          [](const auto& param_info) { return testing::golden_test_name(param_info.param); });
+
+// --kv-cache bf16 on the CPU: every key and value rounded to bf16 when it is cached, the rest
+// as the f32 path (docs/precision.md, *The bf16 KV cache*). The bounds are CUDA's for its bf16
+// cache (tests/cuda/model_cuda_test.cpp), whose rounding is the same: each cached value moves by
+// up to 2^-9 relative, which moves an attention output by about 1e-3 and the logits by up to
+// 2e-3 over the ten attention layers; 5e-3 for logits and for the greedy-flip margin. Where a
+// prompt token's router is near a tie (below 1e-4) logits are held to 1e-1, as for f32.
+constexpr double kBf16KvLogitTolerance = 5e-3;
+constexpr double kBf16KvMarginTolerance = 5e-3;
+constexpr double kBf16KvRouterTie = 1e-4;
+constexpr double kBf16KvRouterFlipLogitTolerance = 1e-1;
+
+class Bf16KvGoldenTest : public ::testing::TestWithParam<std::filesystem::path> {};
+
+TEST_P(Bf16KvGoldenTest, GreedyTokensAndTopLogitsMatchTransformers) {
+  std::unique_ptr<Backend> backend = make_cpu_backend(0);
+  ASSERT_TRUE(backend->serves_kv_cache(KvDtype::bf16));
+  testing::check_golden(GetParam(), *backend, 256,
+                        {kBf16KvLogitTolerance, kBf16KvMarginTolerance, kBf16KvRouterTie,
+                         kBf16KvRouterFlipLogitTolerance},
+                        KvDtype::bf16);
+}
+
+INSTANTIATE_TEST_SUITE_P(Tiny, Bf16KvGoldenTest, ::testing::ValuesIn(testing::golden_files()),
+                         [](const auto& param_info) { return testing::golden_test_name(param_info.param); });
+
+// The same prompt decoded over an f32 and a bf16 cache on the CPU: the same greedy tokens
+// (this prompt has no near tie) and top-16 logits within kBf16KvLogitTolerance of the f32
+// cache's; and not the same logits (a bf16 state that silently kept f32 would fail).
+TEST(Bf16KvCache, DecodesWithinTheToleranceOfTheF32Cache) {
+  const Checkpoint& checkpoint = testing::tiny_checkpoint(1);
+  std::vector<int32_t> prompt(300);
+  for (size_t i = 0; i < prompt.size(); ++i) prompt[i] = static_cast<int32_t>((i * 2654435761u) % 4063u);
+  GenerationOptions options;
+  options.max_tokens = 24;
+  options.top_logits = 16;
+  std::vector<GenerationResult> results;
+  for (KvDtype dtype : {KvDtype::f32, KvDtype::bf16}) {
+    std::unique_ptr<Backend> backend = make_cpu_backend(2);
+    Qwen36Model model(checkpoint, *backend, 128);  // 128 + 128 + 44: chunked prefill too
+    DecodeState state(*backend, checkpoint.config.shape, 400, dtype);
+    ASSERT_EQ(state.kv_dtype, dtype);
+    results.push_back(generate(model, state, prompt, options));
+  }
+  const GenerationResult& f32 = results[0];
+  const GenerationResult& bf16 = results[1];
+  ASSERT_EQ(bf16.tokens, f32.tokens);
+  double worst = 0;
+  for (size_t i = 0; i < f32.steps.size(); ++i) {
+    std::map<int32_t, double> ours;
+    for (const auto& [id, logit] : bf16.steps[i]) ours[id] = static_cast<double>(logit);
+    for (const auto& [id, logit] : f32.steps[i]) {
+      auto it = ours.find(id);
+      if (it == ours.end()) continue;  // at the edge of the top 16
+      const double want = static_cast<double>(logit);
+      worst = std::max(worst, std::abs(it->second - want) / std::max(1.0, std::abs(want)));
+    }
+  }
+  std::printf("[bf16 kv] 24 decode steps after 300 prompt tokens on the CPU: worst relative "
+              "top-16 logit difference to the f32 cache %.3g\n",
+              worst);
+  EXPECT_LT(worst, kBf16KvLogitTolerance);
+  EXPECT_GT(worst, 1e-6) << "the bf16 cache gives the f32 cache's logits";
+}
 
 }  // namespace
 }  // namespace lily
