@@ -20,9 +20,9 @@ struct BackendChoice {
   std::optional<CudaOptions> cuda_options;
 };
 
-// --kv-cache f32|bf16: the KV cache's element type (docs/precision.md). Absent: f32 on
-// every backend; bf16 is CUDA only. Refused before anything is loaded (InputError): any other value, and bf16
-// with --device cpu (the CPU backend keeps f32 caches). Call it next to check_device_option.
+// --kv-cache f32|bf16: the KV cache's element type (docs/precision.md), served by both
+// backends. Absent: f32 on every backend. Any other value is refused before anything is
+// loaded (InputError). Call it next to check_device_option.
 void check_kv_cache_option(const Args& args);
 
 // --device auto (default): CUDA when a usable device (compute capability >= 8.0, enough
@@ -32,7 +32,7 @@ void check_kv_cache_option(const Args& args);
 // `max_seq` tokens the command will allocate, `extra_bytes` what else it allocates in backend
 // memory (the session cache's snapshots), for the memory check, which sizes the states with
 // the KV cache dtype CUDA would use. The KV cache dtype follows --kv-cache or the backend's
-// default; --kv-cache bf16 is an error when --device auto falls back to the CPU.
+// default (f32 on both), on whichever backend is chosen.
 BackendChoice choose_backend(const Args& args, const Checkpoint& checkpoint, uint64_t max_seq,
                              int states, uint64_t extra_bytes = 0);
 

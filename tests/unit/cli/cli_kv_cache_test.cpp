@@ -1,10 +1,11 @@
-// --kv-cache f32|bf16 on run, bench and serve: bad values and bf16 on the CPU refused before loading, f32 the CPU's default.
+// --kv-cache f32|bf16 on run, bench and serve: bad values refused before loading, bf16 accepted on the CPU, f32 the default.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include "backend/backend.h"
@@ -68,16 +69,14 @@ TEST_F(KvCacheOption, AnUnknownTypeIsRefusedNamingTheChoices) {
   }
 }
 
-TEST_F(KvCacheOption, Bf16WithDeviceCpuIsRefusedBeforeLoading) {
+TEST_F(KvCacheOption, BothTypesWithDeviceCpuGetAsFarAsLoading) {
   for (const char* base : kCommands) {
-    const test::LilyRun run = test::run_lily(command(base, "--device cpu --kv-cache bf16"));
-    expect_error(run, "--kv-cache bf16 needs the CUDA backend, but --device cpu was chosen; the "
-                      "CPU backend keeps the KV cache in f32");
-    EXPECT_EQ(run.err.find(kNoModel), std::string::npos) << run.err;
-    // f32 is accepted: the run gets as far as loading.
-    const test::LilyRun f32 = test::run_lily(command(base, "--device cpu --kv-cache f32"));
-    EXPECT_EQ(f32.exit_code, 2) << f32.err;
-    EXPECT_NE(f32.err.find(kNoModel), std::string::npos) << f32.err;
+    for (const char* value : {"bf16", "f32"}) {
+      const test::LilyRun run = test::run_lily(command(base, std::string("--device cpu --kv-cache ") + value));
+      EXPECT_EQ(run.exit_code, 2) << base << " " << value << "\n" << run.err;
+      EXPECT_NE(run.err.find(kNoModel), std::string::npos) << base << " " << value << "\n" << run.err;
+      EXPECT_EQ(run.err.find("needs the CUDA backend"), std::string::npos) << run.err;
+    }
   }
 }
 
@@ -85,10 +84,13 @@ TEST_F(KvCacheOption, ServeReadsTheVariableAndTheConfigFile) {
   ::setenv("LILY_KV_CACHE", "fp8", 1);
   expect_error(test::run_lily(command("serve", "--bind 127.0.0.1:0")),
                "LILY_KV_CACHE is \"fp8\", expected f32 or bf16");
+  // bf16 from the variable is served on the CPU: serve gets as far as loading.
   ::setenv("LILY_KV_CACHE", "bf16", 1);
   ::setenv("LILY_DEVICE", "cpu", 1);
-  expect_error(test::run_lily(command("serve", "--bind 127.0.0.1:0")),
-               "LILY_KV_CACHE bf16 needs the CUDA backend, but LILY_DEVICE cpu was chosen");
+  const test::LilyRun env = test::run_lily(command("serve", "--bind 127.0.0.1:0"));
+  EXPECT_EQ(env.exit_code, 2) << env.err;
+  EXPECT_NE(env.err.find(kNoModel), std::string::npos) << env.err;
+  ::setenv("LILY_KV_CACHE", "fp8", 1);
   // The command line beats the variable.
   const test::LilyRun cli = test::run_lily(command("serve", "--bind 127.0.0.1:0 --kv-cache f32"));
   EXPECT_NE(cli.err.find(kNoModel), std::string::npos) << cli.err;
@@ -101,9 +103,10 @@ TEST_F(KvCacheOption, ServeReadsTheVariableAndTheConfigFile) {
   fs::remove(file);
 }
 
-// With a real (tiny) checkpoint: the CPU runs f32 by default and says so; bf16 under
-// --device auto on a machine without a usable GPU names why auto chose the CPU.
-TEST_F(KvCacheOption, TheCpuDefaultIsF32) {
+// With a real (tiny) checkpoint: the CPU runs f32 by default and says so; --kv-cache bf16 runs
+// on the CPU, under --device cpu and under --device auto without a usable GPU, and the start-up
+// line, the run's summary and lily bench's JSON name it.
+TEST_F(KvCacheOption, TheCpuDefaultIsF32AndBf16RunsOnTheCpu) {
   const fs::path dir = fs::temp_directory_path() / ("lily_kv_tiny_" + std::to_string(::getpid()));
   fs::remove_all(dir);
   MakeCheckpointOptions options;
@@ -117,6 +120,21 @@ TEST_F(KvCacheOption, TheCpuDefaultIsF32) {
   const test::LilyRun f32 = test::run_lily("run --device cpu --kv-cache f32" + model);
   EXPECT_EQ(f32.exit_code, 0) << f32.err;
   EXPECT_EQ(f32.out, cpu.out);  // the same tokens and text
+  const test::LilyRun bf16 = test::run_lily("run --device cpu --threads 2 --kv-cache bf16" + model);
+  EXPECT_EQ(bf16.exit_code, 0) << bf16.err;
+  EXPECT_NE(bf16.err.find("lily: using the CPU ("), std::string::npos) << bf16.err;
+  EXPECT_NE(bf16.err.find("); KV cache bf16\n"), std::string::npos) << bf16.err;
+  EXPECT_NE(bf16.err.find("cpu backend, 2 threads, KV cache bf16"), std::string::npos) << bf16.err;
+  EXPECT_NE(bf16.out.find("\"tokens\":["), std::string::npos) << bf16.out;
+  const fs::path json = dir / "bench.json";
+  const test::LilyRun bench = test::run_lily("bench --device cpu --threads 2 --kv-cache bf16 --model '" +
+                                             dir.string() + "' --prompt-len 8 --decode-steps 4 --json-out '" +
+                                             json.string() + "'");
+  ASSERT_EQ(bench.exit_code, 0) << bench.err;
+  EXPECT_NE(bench.err.find("| KV cache bf16"), std::string::npos) << bench.err;
+  std::ifstream report(json);
+  const nlohmann::json r = nlohmann::json::parse(report);
+  EXPECT_EQ(r["workload"]["kv_cache"], "bf16");
   std::string why;
   if (!cuda_available(&why)) {
     const test::LilyRun autod = test::run_lily("run" + model);
@@ -124,8 +142,12 @@ TEST_F(KvCacheOption, TheCpuDefaultIsF32) {
     EXPECT_NE(autod.err.find("--device auto: using the CPU (" + why + "); KV cache f32"),
               std::string::npos)
         << autod.err;
-    const test::LilyRun bf16 = test::run_lily("run --kv-cache bf16" + model);
-    expect_error(bf16, "--kv-cache bf16 needs the CUDA backend, but --device auto chose the CPU (" + why + ")");
+    const test::LilyRun auto_bf16 = test::run_lily("run --kv-cache bf16" + model);
+    EXPECT_EQ(auto_bf16.exit_code, 0) << auto_bf16.err;
+    EXPECT_NE(auto_bf16.err.find("--device auto: using the CPU (" + why + "); KV cache bf16"),
+              std::string::npos)
+        << auto_bf16.err;
+    EXPECT_EQ(auto_bf16.out, bf16.out);
   }
   fs::remove_all(dir);
 }
