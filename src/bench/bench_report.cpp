@@ -21,15 +21,13 @@ Json traffic_json(const DecodeTraffic& t) {
               {"total", t.total()}};
 }
 
-// {"pdl": true, "stream_gemv": true, "fused_conv": true, "moe_layer": true, "layer_prefetch": true},
-// or null for the CPU.
+// {"pdl": true, "stream_gemv": true, "fused_conv": true, "moe_layer": true}, or null for the CPU.
 Json cuda_options_json(const std::optional<CudaOptions>& options) {
   if (!options) return nullptr;
   return Json{{"pdl", options->pdl},
               {"stream_gemv", options->stream_gemv},
               {"fused_conv", options->fused_conv},
-              {"moe_layer", options->moe_layer},
-              {"layer_prefetch", options->layer_prefetch}};
+              {"moe_layer", options->moe_layer}};
 }
 
 }  // namespace

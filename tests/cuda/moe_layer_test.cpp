@@ -1,6 +1,5 @@
 // The CUDA decode plan's MoE block (one persistent kernel per layer) against the op path it
-// replaces (bit for bit) and the CPU backend, eager, repeated and replayed from a graph, with
-// and without its prefetch of the next layer's weights.
+// replaces (bit for bit) and the CPU backend, eager, repeated and replayed from a graph.
 #include <gtest/gtest.h>
 
 #include <cstdint>
@@ -102,12 +101,8 @@ void expect_same(Backend& be, const Shape& s, const MoeBlockBuffers& got, const 
   EXPECT_TRUE(bit_equal(f(got.delta, s.H), f(want.delta, s.H))) << label << ": output";
 }
 
-// `disabled`: the --cuda-disable list of the backend under test (empty: the defaults).
-void check_block(const Shape& s, uint64_t seed, const std::string& disabled = "") {
-  std::string why;
-  const std::unique_ptr<Backend> be = cuda_backend_or_null(CudaOptions::disabling(disabled), &why);
-  if (!be) GTEST_SKIP() << "no usable CUDA device: " << why;
-  const bool prefetching = disabled.find("layer-prefetch") == std::string::npos;
+void check_block(const Shape& s, uint64_t seed) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
   Rng rng(seed);
   const MoeLayer layer(rng, s.H, s.E, s.I, s.S, s.router_bits);
   ModelWeights model;
@@ -126,12 +121,8 @@ void check_block(const Shape& s, uint64_t seed, const std::string& disabled = ""
   Buffers fused(*be, s, residual, delta);
   run_ops(*be, s, l, ops.b);
   const uint64_t before = plan->moe_blocks_run();
-  const uint64_t prefetches = path_counts(*be).layer_prefetch;
   plan->moe_block(1, fused.b);
   EXPECT_EQ(plan->moe_blocks_run(), before + 1) << "the fused block ran";
-  EXPECT_EQ(path_counts(*be).layer_prefetch, prefetches) << "the last layer has no next layer to prefetch";
-  EXPECT_EQ(plan->describe().find("pulling the next layer's weights into L2") != std::string::npos,
-            prefetching) << plan->describe();
   expect_same(*be, s, fused.b, ops.b, s.label + " eager");
 
   // Against the CPU backend's ops (an independent f32 implementation).
@@ -155,15 +146,11 @@ void check_block(const Shape& s, uint64_t seed, const std::string& disabled = ""
     Buffers o2(*be, s, r2, d2);
     Buffers f2(*be, s, r2, d2);
     run_ops(*be, s, l, o2.b);
-    const uint64_t prefetched = path_counts(*be).layer_prefetch;
     for (int i = 0; i < 20; ++i) {  // the same inputs each time: residual is restored below
       be->copy_from_host(r2.data(), r2.size(), f2.b.residual);
       be->copy_from_host(d2.data(), d2.size(), f2.b.delta);
       plan->moe_block(static_cast<size_t>(i % 2), f2.b);
     }
-    // Layer 0's ten blocks pulled layer 1's router and shared expert into L2 (these layers
-    // have no mixer weights), unless --cuda-disable layer-prefetch.
-    EXPECT_EQ(path_counts(*be).layer_prefetch, prefetched + (prefetching ? 10u : 0u)) << s.label;
     expect_same(*be, s, f2.b, o2.b, s.label + " after 20 launches, round " + std::to_string(round));
   }
   if (be->can_capture()) {
@@ -200,10 +187,6 @@ TEST(CudaDecodePlan, MoeBlockModelRoutingWidthEqualsTheOps) {
   // The model's routing width (256 experts) with narrow experts; a Q4 router.
   check_block(Shape{2048, 256, 64, 512, 8, 8, "H=2048 E=256 I=64 S=512 k=8"}, 903);
   check_block(Shape{512, 64, 128, 64, 4, 4, "H=512 E=64 I=128 S=64 k=4 q4 router"}, 904);
-}
-
-TEST(CudaDecodePlan, MoeBlockWithoutLayerPrefetchEqualsTheOps) {
-  check_block(Shape{2048, 32, 512, 512, 8, 8, "H=2048 E=32 I=S=512 k=8 no prefetch"}, 907, "layer-prefetch");
 }
 
 TEST(CudaDecodePlan, TurnedOffTheBlockRunsTheOps) {

@@ -35,7 +35,6 @@
 #                                    LILY_PROFILE_CONTEXTS (default 256) for each of
 #                                    LILY_PROFILE_ARMS (default: default,nopdl; also
 #                                    nostream, noconv, nomoelayer: --cuda-disable moe-layer,
-#                                    noprefetch: --cuda-disable layer-prefetch,
 #                                    kvf32 / kvbf16: --kv-cache f32 / bf16); LILY_NCU=0 skips Nsight Compute;
 #                                    LILY_NCU_DETAIL=<regex>: full sections of one kernel
 #                        lab         the kernel lab (tools/lab/, -DLILY_BUILD_LAB=ON): moe_layer_lab's
@@ -150,7 +149,6 @@ if has_stage profile; then
         nostream) flags=(--cuda-disable stream-gemv); env=() ;;
         noconv) flags=(--cuda-disable fused-conv); env=() ;;
         nomoelayer) flags=(--cuda-disable moe-layer); env=() ;;
-        noprefetch) flags=(--cuda-disable layer-prefetch); env=() ;;
         *) echo "unknown arm $arm"; continue ;;
       esac
       echo -n "ctx $ctx $arm: "

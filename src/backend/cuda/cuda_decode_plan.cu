@@ -1,9 +1,6 @@
-// The CUDA decode plan: resolves each layer's MoE weights (and the next layer's to prefetch) once and launches the fused kernels.
+// The CUDA decode plan: resolves each layer's MoE weights once and launches the fused kernels.
 #include "backend/cuda/cuda_decode_plan.h"
 
-#include <algorithm>
-#include <cstdint>
-#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -11,60 +8,6 @@
 #include "backend/cuda/cuda_common.cuh"
 
 namespace lily {
-namespace {
-
-// One span of device memory for moe_layer to pull into L2: the 16-byte aligned bytes inside
-// [ptr, ptr + bytes) (a prefetch is a hint; the few edge bytes left out are read normally).
-void add_prefetch_span(cuda::MoeLayerParams& p, const void* ptr, uint64_t bytes) {
-  if (ptr == nullptr || bytes == 0) return;
-  const uintptr_t begin = (reinterpret_cast<uintptr_t>(ptr) + 15) & ~uintptr_t{15};
-  const uintptr_t end = (reinterpret_cast<uintptr_t>(ptr) + bytes) & ~uintptr_t{15};
-  for (uintptr_t at = begin; at < end;) {  // spans of at most 1 GB (the byte count is a u32)
-    const uintptr_t size = std::min<uintptr_t>(end - at, uintptr_t{1} << 30);
-    if (p.next_weight_spans == cuda::kMoeLayerPrefetchSpans) {
-      throw std::logic_error("CudaDecodePlan: more than " + std::to_string(cuda::kMoeLayerPrefetchSpans) +
-                             " weight spans to prefetch for one layer");
-    }
-    p.next_weights[p.next_weight_spans] = reinterpret_cast<const void*>(at);
-    p.next_weight_bytes[p.next_weight_spans] = static_cast<uint32_t>(size);
-    ++p.next_weight_spans;
-    at += size;
-  }
-}
-
-// The device copy of a prepared weight (CudaBackend::quant, which only the plan may call).
-using ResolveQuant = std::function<const cuda::QuantMatrix&(const QuantView&)>;
-
-void add_prefetch_matrix(const ResolveQuant& resolve, cuda::MoeLayerParams& p, const QuantView& view) {
-  if (view.codes == nullptr) return;  // a weight this layer kind does not have
-  const cuda::QuantMatrix& m = resolve(view);
-  const uint64_t rows = static_cast<uint64_t>(m.rows());
-  add_prefetch_span(p, m.codes, rows * static_cast<uint64_t>(m.words_per_row()) * 4);
-  add_prefetch_span(p, m.scales, rows * static_cast<uint64_t>(m.groups_per_row()) * 2);
-  add_prefetch_span(p, m.biases, rows * static_cast<uint64_t>(m.groups_per_row()) * 2);
-}
-
-// What layer `next` reads first, in the order it reads it: the mixer's input projections,
-// its output projection, then the MoE block's router, shared-expert gate and shared expert
-// (the routed experts are known only after its routing).
-void add_next_layer_prefetch(const ResolveQuant& resolve, cuda::MoeLayerParams& p, const LayerWeights& next) {
-  if (next.kind == LayerKind::linear_attention) {
-    for (const QuantView* v : {&next.gdn.in_proj_qkv, &next.gdn.in_proj_z, &next.gdn.in_proj_a,
-                               &next.gdn.in_proj_b, &next.gdn.out_proj}) {
-      add_prefetch_matrix(resolve, p, *v);
-    }
-  } else {
-    for (const QuantView* v : {&next.attn.q_proj, &next.attn.k_proj, &next.attn.v_proj, &next.attn.o_proj}) {
-      add_prefetch_matrix(resolve, p, *v);
-    }
-  }
-  for (const QuantView* v : {&next.moe.router, &next.moe.shared_expert_gate, &next.moe.shared_gate,
-                             &next.moe.shared_up, &next.moe.shared_down}) {
-    add_prefetch_matrix(resolve, p, *v);
-  }
-}
-
-}  // namespace
 
 CudaDecodePlan::CudaDecodePlan(CudaBackend& backend, const ModelWeights& weights,
                                const DecodePlanShape& shape)
@@ -97,22 +40,10 @@ CudaDecodePlan::CudaDecodePlan(CudaBackend& backend, const ModelWeights& weights
     moe_grid_ = cuda::moe_layer_grid(moe_layers_.front());
     if (moe_grid_ == 0) unsupported = "its blocks do not fit on the GPU at once";
   }
-  // Each layer's block pulls the next layer's first weights into L2 (MoeLayerParams::
-  // next_weights); the last layer's is followed by the lm_head, too big for L2.
-  if (unsupported.empty() && backend.options().layer_prefetch) {
-    const ResolveQuant resolve = [&backend](const QuantView& v) -> const cuda::QuantMatrix& {
-      return backend.quant(v);
-    };
-    for (size_t l = 0; l + 1 < moe_layers_.size(); ++l) {
-      add_next_layer_prefetch(resolve, moe_layers_[l], weights.layers[l + 1]);
-    }
-  }
   if (unsupported.empty()) {
     moe_barrier_ = static_cast<unsigned long long*>(backend.device_alloc(sizeof(unsigned long long)));
     description_ = "MoE block as one persistent kernel per layer (" + std::to_string(moe_grid_) +
-                   " co-resident blocks), " +
-                   (backend.options().layer_prefetch ? std::string("pulling the next layer's weights into L2")
-                                                     : std::string("no next-layer prefetch (--cuda-disable layer-prefetch)"));
+                   " co-resident blocks)";
   } else {
     moe_grid_ = 0;
     description_ = "MoE block on the op path: " + unsupported;
@@ -145,7 +76,6 @@ void CudaDecodePlan::moe_block(size_t layer, const MoeBlockBuffers& b) {
   cuda::moe_layer(p, moe_grid_, stream_);
   LILY_CUDA_LAUNCH_CHECK();
   ++moe_blocks_run_;
-  if (p.next_weight_spans > 0) ++backend_.counts_.layer_prefetch;
 }
 
 std::unique_ptr<DecodePlan> CudaBackend::make_decode_plan(const ModelWeights& weights,

@@ -286,10 +286,6 @@ void moe_route(const float* logits, int64_t n, int64_t experts, int64_t k, int32
 // shared-gate logits; top-k routing; the routed and shared SwiGLU; out = down + combine.
 // Bit-identical to add_rms_norm + gemv_batch + route_expert_swiglu_gemv +
 // expert_down_combine_gemv. out may be delta (it is written only after delta is read).
-// At most this many weight spans of the next layer for moe_layer to pull into L2 (a mixer's
-// five projections and the next MoE block's router, shared-expert gate and shared expert, each
-// codes, scales and biases, fit in 30).
-inline constexpr int kMoeLayerPrefetchSpans = 32;
 struct MoeLayerParams {
   int64_t hidden = 0;   // H
   int64_t experts = 0;  // E
@@ -311,15 +307,6 @@ struct MoeLayerParams {
   float* shared_h = nullptr;         // [S] f32 scratch
   float* out = nullptr;              // [H] f32 out
   unsigned long long* barrier = nullptr;  // [1] u64 device, zeroed once, owned by one grid size
-  // The weights the next layer reads first (its mixer's projections, its router and shared
-  // expert): byte spans of device memory, each 16-byte aligned and a multiple of 16 bytes,
-  // that the block pulls into L2 once its routed SwiGLU is done, while the grid waits at the
-  // second barrier and runs the down phase from L2, so that the next layer's GEMVs read L2
-  // instead of device memory. No spans: no prefetch (the last layer, --cuda-disable
-  // layer-prefetch).
-  const void* next_weights[kMoeLayerPrefetchSpans] = {};
-  uint32_t next_weight_bytes[kMoeLayerPrefetchSpans] = {};
-  int next_weight_spans = 0;
   // Profiling only (tools/lab/moe_layer_lab.cu), nullptr in the server: [grid, kMoeLayerStamps]
   // u64 %globaltimer stamps of each block's phase ends.
   unsigned long long* timeline = nullptr;

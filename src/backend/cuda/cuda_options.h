@@ -11,7 +11,7 @@ namespace lily {
 class Backend;
 
 // The code paths of the CUDA backend that can be switched off for comparison (`lily serve|run|
-// bench --cuda-disable pdl,stream-gemv,fused-conv,moe-layer,layer-prefetch`; docs/cuda.md). Each is on by default and
+// bench --cuda-disable pdl,stream-gemv,fused-conv,moe-layer`; docs/cuda.md). Each is on by default and
 // runs only where the device and the code it runs allow it (CudaBackend::code_path names
 // what runs). Held by the backend that was built with them: there are no process globals.
 struct CudaOptions {
@@ -19,19 +19,18 @@ struct CudaOptions {
   bool stream_gemv = true;  // the bulk-copy lm_head GEMV (sm_90+ code, 144 KB shared memory)
   bool fused_conv = true;   // the conv inside the one-token delta rule (gated_delta_net_mixer)
   bool moe_layer = true;    // the decode plan's persistent MoE kernel (one launch per layer)
-  bool layer_prefetch = true;  // that kernel pulls the next layer's weights into L2 (needs moe_layer)
 
   // The names --cuda-disable takes, comma separated.
-  static constexpr const char* kNames = "pdl, stream-gemv, fused-conv, moe-layer, layer-prefetch";
+  static constexpr const char* kNames = "pdl, stream-gemv, fused-conv, moe-layer";
 
-  // "pdl on, stream-gemv on, fused-conv on, moe-layer on, layer-prefetch on".
+  // "pdl on, stream-gemv on, fused-conv on, moe-layer on".
   std::string describe() const {
     const auto on = [](bool v) { return v ? " on" : " off"; };
     return std::string("pdl") + on(pdl) + ", stream-gemv" + on(stream_gemv) + ", fused-conv" +
-           on(fused_conv) + ", moe-layer" + on(moe_layer) + ", layer-prefetch" + on(layer_prefetch);
+           on(fused_conv) + ", moe-layer" + on(moe_layer);
   }
 
-  bool all_on() const { return pdl && stream_gemv && fused_conv && moe_layer && layer_prefetch; }
+  bool all_on() const { return pdl && stream_gemv && fused_conv && moe_layer; }
 
   // The options with every path named in `list` off ("pdl,fused-conv"; empty: all on).
   // An unknown or empty name, or one named twice, throws std::invalid_argument naming it and
@@ -39,7 +38,7 @@ struct CudaOptions {
   static CudaOptions disabling(std::string_view list) {
     CudaOptions options;
     if (list.empty()) return options;
-    bool seen[5] = {false, false, false, false, false};
+    bool seen[4] = {false, false, false, false};
     size_t begin = 0;
     while (begin <= list.size()) {
       const size_t comma = list.find(',', begin);
@@ -50,7 +49,6 @@ struct CudaOptions {
       if (name == "stream-gemv") which = 1;
       if (name == "fused-conv") which = 2;
       if (name == "moe-layer") which = 3;
-      if (name == "layer-prefetch") which = 4;
       if (which < 0) {
         throw std::invalid_argument("unknown CUDA path \"" + std::string(name) +
                                     "\", expected a comma-separated list of " + kNames);
@@ -59,8 +57,8 @@ struct CudaOptions {
         throw std::invalid_argument("CUDA path \"" + std::string(name) + "\" is named twice");
       }
       seen[which] = true;
-      bool* const paths[5] = {&options.pdl, &options.stream_gemv, &options.fused_conv,
-                              &options.moe_layer, &options.layer_prefetch};
+      bool* const paths[4] = {&options.pdl, &options.stream_gemv, &options.fused_conv,
+                              &options.moe_layer};
       *paths[which] = false;
       if (comma == std::string_view::npos) break;
       begin = comma + 1;
@@ -83,7 +81,6 @@ struct CudaPathCounts {
   uint64_t grouped_moe = 0;          // expert_swiglu / expert_down_combine, n > 8: grouped GEMMs
   uint64_t tensor_core_decode_attention = 0;  // attention, n == 1, bf16 cache, head_dim 256, groups of 8
   uint64_t fused_conv_delta = 0;     // gated_delta_net_mixer, n == 1: conv inside the delta rule
-  uint64_t layer_prefetch = 0;       // persistent MoE blocks that pulled the next layer's weights into L2
   uint64_t pdl_launches = 0;         // kernels launched with programmatic dependent launch
 };
 

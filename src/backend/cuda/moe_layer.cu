@@ -465,34 +465,6 @@ __device__ void stage_results(const float* src, int64_t count, int64_t first_chu
   }
 }
 
-// The next layer's weights into L2 (MoeLayerParams::next_weights), in pieces of 16 KB dealt
-// round-robin over the blocks, so every SM's copy engine takes a share. On sm_90 one thread
-// issues a piece as one bulk prefetch; elsewhere the block prefetches its 32-byte sectors.
-__device__ void prefetch_next_weights(const MoeLayerParams& p) {
-  constexpr int64_t kPiece = 16384;
-  const int64_t grid = gridDim.x;
-  const int64_t block = blockIdx.x;
-  int64_t first_piece = 0;  // the global index of span s's first piece
-  int64_t taken = 0;        // pieces this block has dealt to its threads so far
-  for (int s = 0; s < p.next_weight_spans; ++s) {
-    const char* base = static_cast<const char*>(p.next_weights[s]);
-    const int64_t bytes = p.next_weight_bytes[s];
-    const int64_t pieces = (bytes + kPiece - 1) / kPiece;
-    for (int64_t i = ((block - first_piece) % grid + grid) % grid; i < pieces; i += grid, ++taken) {
-      const int64_t at = i * kPiece;
-      const uint32_t len = static_cast<uint32_t>(bytes - at < kPiece ? bytes - at : kPiece);
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-      if (threadIdx.x == taken % kThreads) {
-        asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(base + at), "r"(len) : "memory");
-      }
-#else
-      for (uint32_t off = threadIdx.x * 32u; off < len; off += kThreads * 32u) prefetch_l2(base + at + off);
-#endif
-    }
-    first_piece += pieces;
-  }
-}
-
 template <int RB, int EB>
 __global__ void __launch_bounds__(kThreads, 2) moe_layer_kernel(MoeLayerParams p) {
   extern __shared__ float4 smem[];
@@ -599,9 +571,6 @@ __global__ void __launch_bounds__(kThreads, 2) moe_layer_kernel(MoeLayerParams p
     swiglu_units_by_warp<EB, kSwigluRows>(p, routed_set, ids, p.k, for_experts, warp, warps);
   }
   stamp(p, 5);
-  // Device memory is idle from here to the end of the down phase (its rows are in L2 already):
-  // the next layer's first weights stream in meanwhile.
-  prefetch_next_weights(p);
   grid_barrier(p.barrier);
   stamp(p, 6);
 

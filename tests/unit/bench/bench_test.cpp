@@ -174,8 +174,7 @@ TEST(BenchReport, CarriesEveryFieldAndTheSummaryLine) {
   context.cuda_options = CudaOptions::disabling("stream-gemv");
   const Json c = bench_report(context, m, tiny.checkpoint);
   EXPECT_EQ(c["device"]["cuda_options"],
-            (Json{{"pdl", true}, {"stream_gemv", false}, {"fused_conv", true}, {"moe_layer", true},
-                  {"layer_prefetch", true}}));
+            (Json{{"pdl", true}, {"stream_gemv", false}, {"fused_conv", true}, {"moe_layer", true}}));
   EXPECT_EQ(c["device"]["code_path"], context.code_path);
 }
 
