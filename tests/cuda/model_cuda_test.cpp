@@ -47,7 +47,7 @@ TEST_P(CudaGoldenTest, GreedyTokensAndTopLogitsMatchTransformers) {
 INSTANTIATE_TEST_SUITE_P(Tiny, CudaGoldenTest, ::testing::ValuesIn(golden_files()),
                          [](const auto& param_info) { return golden_test_name(param_info.param); });
 
-// With the bf16 KV cache (--kv-cache bf16, CUDA only). Each cached key and value is
+// With the bf16 KV cache (--kv-cache bf16; the CPU has one too). Each cached key and value is
 // rounded to 8 significant bits (relative error <= 2^-9), so logits move by about 1e-3
 // relative per attention layer (docs/precision.md, *The bf16 KV cache*). Measured on the H200
 // (2026-12-02): worst relative logit error 2.03e-3 over the nine tiny goldens (5.4e-5 to
