@@ -22,18 +22,6 @@ const AttentionDims kDims{16, 2, 256, 64, 1e7};  // the model's attention layers
 constexpr int64_t kPrefill = 256;                 // the CPU's prefill chunk (cli/backend_choice.cpp)
 constexpr int64_t kPrefillContexts = 4096;        // the longest context a prefill chunk is timed at
 
-double best_of(int reps, const std::function<void()>& f) {
-  f();
-  double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    const auto t1 = std::chrono::steady_clock::now();
-    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
-  }
-  return best;
-}
-
 int run(int threads, int reps, const std::vector<int64_t>& contexts) {
   auto be = cpu(threads);
   const int64_t row = kDims.kv_heads * kDims.head_dim;

@@ -2,6 +2,7 @@
 #include "backend_test_support.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -129,5 +130,17 @@ ErrorFigures report(const std::string& op, const std::string& label, std::span<c
 }
 
 std::unique_ptr<Backend> cpu(int threads) { return make_cpu_backend(threads); }
+
+double best_of(int reps, const std::function<void()>& f) {
+  f();
+  double best = 1e30;
+  for (int i = 0; i < reps; ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    f();
+    const auto t1 = std::chrono::steady_clock::now();
+    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
+  }
+  return best;
+}
 
 }  // namespace lily::testing

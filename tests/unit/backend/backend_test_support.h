@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -75,5 +76,8 @@ ErrorFigures report(const std::string& op, const std::string& label, std::span<c
                     std::span<const double> want);
 
 std::unique_ptr<Backend> cpu(int threads = 2);
+
+// Best wall time of `reps` calls of f, in seconds, after one warm-up call (the kernel benches).
+double best_of(int reps, const std::function<void()>& f);
 
 }  // namespace lily::testing

@@ -20,19 +20,6 @@ namespace {
 constexpr int64_t kRows = 2048;
 constexpr int64_t kIn = 4096;
 
-// Best wall time of `reps` calls, in seconds (after one warm-up call).
-double best_of(int reps, const std::function<void()>& f) {
-  f();
-  double best = 1e30;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    const auto t1 = std::chrono::steady_clock::now();
-    best = std::min(best, std::chrono::duration<double>(t1 - t0).count());
-  }
-  return best;
-}
-
 double normalised_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double d = 0, n = 0;
   for (size_t i = 0; i < a.size(); ++i) {
