@@ -138,6 +138,15 @@ void check_matmul(const QuantView& w, int64_t row_begin, int64_t rows, const flo
   require_buffer(y, op, "y", "n x rows values");
 }
 
+void check_matmul_target(const MatmulTarget& t, size_t i, const float* x, int64_t n,
+                         const char* group_op, const char* op) {
+  if (t.w == nullptr) {
+    throw std::invalid_argument(std::string(group_op) + ": targets[" + std::to_string(i) +
+                                "].w is null, expected a weight");
+  }
+  check_matmul(*t.w, t.row_begin, t.rows, x, n, t.y, op);
+}
+
 void check_rms_norm(const float* x, const DenseView& gain, int64_t n, int64_t dim,
                     const float* out, const char* op) {
   require_positive(n, op, "n");

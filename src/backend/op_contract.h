@@ -29,6 +29,10 @@ void check_embed(const QuantView& table, const int32_t* ids, int64_t n, const fl
                  const char* op = "embed");
 void check_matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
                   const float* y, const char* op = "matmul");
+// Target i of a matmul_group: a weight present ("<group_op>: targets[i].w is null, expected a
+// weight"), then check_matmul of its rows under `op`.
+void check_matmul_target(const MatmulTarget& t, size_t i, const float* x, int64_t n,
+                         const char* group_op, const char* op);
 void check_rms_norm(const float* x, const DenseView& gain, int64_t n, int64_t dim,
                     const float* out, const char* op = "rms_norm");
 void check_add_rms_norm(const float* residual, const float* delta, const DenseView& gain,

@@ -245,11 +245,7 @@ void CpuBackend::matmul_group(std::span<const MatmulTarget> targets, const float
   int64_t total = 0;
   for (size_t i = 0; i < targets.size(); ++i) {
     const MatmulTarget& t = targets[i];
-    if (t.w == nullptr) {
-      throw std::invalid_argument("matmul_group: targets[" + std::to_string(i) +
-                                  "].w is null, expected a weight");
-    }
-    contract::check_matmul(*t.w, t.row_begin, t.rows, x, n, t.y);
+    contract::check_matmul_target(t, i, x, n, "matmul_group", "matmul");
     same_width = same_width && t.w->in == targets[0].w->in;
     total += t.rows;
   }

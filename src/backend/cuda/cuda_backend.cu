@@ -518,11 +518,7 @@ bool CudaBackend::resolve_group(std::span<const MatmulTarget> targets, const flo
   bool one_launch = n <= cuda::kGemvMaxTokens && targets.size() <= cuda::kMaxGemvTargets;
   for (size_t i = 0; i < targets.size(); ++i) {
     const MatmulTarget& t = targets[i];
-    if (t.w == nullptr) {
-      throw std::invalid_argument(std::string(op) + ": targets[" + std::to_string(i) +
-                                  "].w is null, expected a weight");
-    }
-    contract::check_matmul(*t.w, t.row_begin, t.rows, x, n, t.y, op);
+    contract::check_matmul_target(t, i, x, n, op, op);
     const cuda::QuantMatrix& m = quant(*t.w);
     if (i < cuda::kMaxGemvTargets) batch[i] = cuda::GemvTarget{m, t.row_begin, t.rows, t.y};
     one_launch = one_launch && m.bits == batch[0].w.bits && m.in == batch[0].w.in;
