@@ -198,7 +198,11 @@ TEST(CudaGemv, TallQ4StreamsBitIdenticalToTheGenericKernel) {
 }
 
 TEST(CudaGemv, RowsPerSegmentFollowTheMatrixSize) {
-  LILY_CUDA_BACKEND_OR_SKIP(be);
+  // The generic kernel's own choice: one token over these Q4 shapes would otherwise take the
+  // bulk-copy projection GEMV (tested below).
+  std::string why;
+  const std::unique_ptr<Backend> be = cuda_backend_or_null(CudaOptions::disabling("stream-proj"), &why);
+  if (!be) GTEST_SKIP() << "no usable CUDA device: " << why;
   auto host = cpu();
   Rng rng(308);
   // For n <= 2 the kernel takes 8 rows per lane segment, or 2 or 1 when 8 would leave fewer
@@ -212,6 +216,140 @@ TEST(CudaGemv, RowsPerSegmentFollowTheMatrixSize) {
     check_matmul(*be, *host, big, 0, 8192, n, rng, "q4 [8192, 2048]" + t);
     check_matmul(*be, *host, out, 0, 2048, n, rng, "q4 [2048, 4096]" + t);
     check_matmul(*be, *host, router, 0, 257, n, rng, "q8 [257, 2048]" + t);
+  }
+  EXPECT_EQ(path_counts(*be).gemv, 6u);
+  EXPECT_EQ(path_counts(*be).stream_projection, 0u);
+}
+
+// One token over the model's projections (Q4; 1024, 2048 or 4096 inputs; fewer than 32,768
+// rows in all) takes the bulk-copy GEMV as a batch of up to four targets (stream_gemv.cu) on
+// compute capability 9.0. It sums in the generic kernel's order, so every output must equal,
+// bit for bit, that of a backend with --cuda-disable stream-proj (the generic batched GEMV),
+// besides the float64 reference. Shapes: qkv|z|a|b and q|k|v as in the model (one tile of
+// the tiny targets, several tiles per block), the 2048 x 4096 output projection through
+// matmul, and partial last tiles with row ranges starting mid-matrix at each width. The
+// output projection of the Gated DeltaNet mixer also shifts the conv window in the same
+// launch: the window must come out as the generic path leaves it. Where the device runs the
+// kernel (the start-up line says "bulk-copy projection GEMV on") the path counts show that
+// every call took it; elsewhere none did.
+TEST(CudaGemv, OneTokenProjectionsStreamBitIdenticalToTheGenericKernel) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  std::string why;
+  const std::unique_ptr<Backend> generic =
+      cuda_backend_or_null(CudaOptions::disabling("stream-proj"), &why);
+  ASSERT_TRUE(generic) << why;
+  const bool streams = be->code_path().find("bulk-copy projection GEMV on") != std::string::npos;
+  auto host = cpu();
+  Rng rng(312);
+  struct Target {
+    int64_t rows_total, row_begin, rows;
+  };
+  struct Case {
+    const char* label;
+    int64_t in;
+    std::vector<Target> targets;
+  };
+  const std::vector<Case> cases = {
+      {"qkv|z|a|b", 2048, {{8192, 0, 8192}, {4096, 0, 4096}, {32, 0, 32}, {32, 0, 32}}},
+      {"q|k|v", 2048, {{8192, 0, 8192}, {512, 0, 512}, {512, 0, 512}}},
+      {"out_proj", 4096, {{2048, 0, 2048}}},
+      {"partial tiles, in 1024", 1024, {{300, 5, 257}, {100, 0, 100}}},
+      {"partial tiles, in 2048", 2048, {{70, 3, 61}, {1, 0, 1}}},
+      {"partial tiles, in 4096", 4096, {{40, 7, 33}, {7, 0, 7}, {16, 0, 16}}},
+  };
+  int calls = 0;
+  for (const Case& c : cases) {
+    std::vector<std::unique_ptr<QuantWeight>> weights;  // QuantWeight is neither copied nor moved
+    for (const Target& t : c.targets) {
+      weights.push_back(std::make_unique<QuantWeight>(rng, 4, 1, static_cast<uint64_t>(t.rows_total),
+                                                      static_cast<uint64_t>(c.in), 0, "w"));
+    }
+    const std::vector<float> x = rng.uniform_vector(static_cast<size_t>(c.in), -2.0f, 2.0f);
+    std::vector<std::vector<float>> outputs[2];
+    Backend* const backends[2] = {be.get(), generic.get()};
+    for (int k = 0; k < 2; ++k) {
+      Backend& b = *backends[k];
+      const float* x_dev = to_device(b, x);
+      std::vector<MatmulTarget> targets;
+      for (size_t i = 0; i < c.targets.size(); ++i) {
+        targets.push_back({&weights[i]->view(), c.targets[i].row_begin, c.targets[i].rows,
+                           unwritten(b, static_cast<size_t>(c.targets[i].rows))});
+      }
+      if (targets.size() == 1) {
+        b.matmul(*targets[0].w, targets[0].row_begin, targets[0].rows, x_dev, 1, targets[0].y);
+      } else {
+        b.matmul_group(targets, x_dev, 1);
+      }
+      for (const MatmulTarget& t : targets) {
+        outputs[k].push_back(to_host(b, t.y, static_cast<size_t>(t.rows)));
+      }
+    }
+    ++calls;
+    for (size_t i = 0; i < c.targets.size(); ++i) {
+      const std::string label = std::string(c.label) + " target " + std::to_string(i);
+      const std::vector<float>& got = outputs[0][i];
+      const std::vector<float>& want = outputs[1][i];
+      ASSERT_EQ(got.size(), want.size()) << label;
+      int64_t differing = 0;
+      for (size_t r = 0; r < got.size(); ++r) {
+        if (std::memcmp(&got[r], &want[r], sizeof(float)) != 0) ++differing;
+      }
+      EXPECT_EQ(differing, 0) << label << ": rows differing from the generic kernel";
+      expect_matmul_output(*host, *weights[i], c.targets[i].row_begin, c.targets[i].rows, x, 1, got,
+                           "matmul", label, kTol);
+    }
+  }
+
+  // The mixer's output projection (8 value heads x 128: 1024 inputs) with the window shift.
+  const GatedDeltaNetDims d{4, 8, 128, 128, 4};
+  const auto C = static_cast<size_t>(d.channels());
+  const auto V = static_cast<size_t>(d.value_heads * d.value_dim);
+  const DenseTensor conv(DType::BF16, {C, 4, 1}, rng.uniform_vector(C * 4, -0.6f, 0.6f), "conv1d");
+  const DenseTensor a_log(DType::F32, {8}, rng.uniform_vector(8, 0.0f, 2.7f), "A_log");
+  const DenseTensor dt_bias(DType::BF16, {8}, rng.uniform_vector(8, -1.0f, 1.0f), "dt_bias");
+  const DenseTensor norm(DType::BF16, {128}, rng.uniform_vector(128, 0.5f, 1.5f), "norm");
+  const QuantWeight out_proj(rng, 4, 1, 200, V, 0, "out_proj");
+  GatedDeltaNetWeights w;
+  w.conv1d = conv.view();
+  w.a_log = a_log.view();
+  w.dt_bias = dt_bias.view();
+  w.norm = norm.view();
+  w.out_proj = out_proj.view();
+  const std::vector<float> window0 = rng.uniform_vector(3 * C, -2.0f, 2.0f);
+  const std::vector<float> state0 = rng.uniform_vector(8 * 128 * 128, -0.5f, 0.5f);
+  const std::vector<float> mixed = rng.uniform_vector(C, -2.0f, 2.0f);
+  const std::vector<float> z = rng.uniform_vector(V, -3.0f, 3.0f);
+  const std::vector<float> a = rng.uniform_vector(8, -3.0f, 3.0f);
+  const std::vector<float> b = rng.uniform_vector(8, -4.0f, 4.0f);
+  std::vector<float> mixer_y[2];
+  std::vector<float> window[2];
+  Backend* const backends[2] = {be.get(), generic.get()};
+  for (int k = 0; k < 2; ++k) {
+    Backend& bk = *backends[k];
+    float* window_dev = to_device(bk, window0);
+    float* y = unwritten(bk, 200);
+    bk.gated_delta_net_mixer(w, d, 1e-6f, to_device(bk, mixed), to_device(bk, z), to_device(bk, a),
+                             to_device(bk, b), window_dev, to_device(bk, state0), 1, bk.alloc(C),
+                             bk.alloc(V), bk.alloc(V), y);
+    mixer_y[k] = to_host(bk, y, 200);
+    window[k] = to_host(bk, window_dev, 3 * C);
+  }
+  EXPECT_EQ(mixer_y[0], mixer_y[1]) << "the mixer's output projection differs from the generic kernel's";
+  EXPECT_EQ(window[0], window[1]) << "the conv window was shifted differently";
+  // The shift itself: rows 0, 1 <- rows 1, 2, row 2 <- this token's inputs.
+  for (size_t c = 0; c < C; ++c) {
+    ASSERT_EQ(window[0][c], window0[C + c]) << "channel " << c;
+    ASSERT_EQ(window[0][C + c], window0[2 * C + c]) << "channel " << c;
+    ASSERT_EQ(window[0][2 * C + c], mixed[c]) << "channel " << c;
+  }
+
+  EXPECT_EQ(path_counts(*be).stream_projection, streams ? static_cast<uint64_t>(calls + 1) : 0u)
+      << be->code_path();
+  EXPECT_EQ(path_counts(*be).fused_conv_delta, 1u);
+  EXPECT_EQ(path_counts(*generic).stream_projection, 0u);
+  if (!streams) {
+    std::printf("[cuda] this device does not run the bulk-copy projection GEMV: %s\n",
+                be->code_path().c_str());
   }
 }
 
