@@ -16,14 +16,12 @@ namespace {
 // What one backend gives for the probe below: the outputs and the counts after it.
 struct ProbeResult {
   std::vector<float> tall_y;   // [40000] the tall Q4 matmul, n = 1
-  std::vector<float> proj_y;   // [300 + 64] a one-token projection group of 2048 inputs
   std::vector<float> mixer_y;  // [96] the Gated DeltaNet mixer, n = 1
   CudaPathCounts counts;
 };
 
-// The switchable paths' ops, on fixed inputs (seeded): a one-token matmul over a tall Q4
-// matrix of 1024 inputs (the bulk-copy GEMV's shape, as the lm_head), a one-token group of two
-// projections of 2048 inputs (the bulk-copy projection GEMV's), and one step of the
+// The three switchable paths' ops, on fixed inputs (seeded): a one-token matmul over a tall
+// Q4 matrix of 1024 inputs (the bulk-copy GEMV's shape, as the lm_head), and one step of the
 // Gated DeltaNet mixer (the conv inside the delta rule), every kernel launched through the
 // backend's launch helper (PDL).
 ProbeResult probe(Backend& be) {
@@ -32,13 +30,6 @@ ProbeResult probe(Backend& be) {
   const std::vector<float> x = rng.uniform_vector(1024, -2.0f, 2.0f);
   float* y = be.alloc(40'000);
   be.matmul(tall.view(), 0, 40'000, to_device(be, x), 1, y);
-
-  const QuantWeight p0(rng, 4, 1, 300, 2048, 0, "p0");
-  const QuantWeight p1(rng, 4, 1, 64, 2048, 0, "p1");
-  const float* px = to_device(be, rng.uniform_vector(2048, -2.0f, 2.0f));
-  float* py = be.alloc(300 + 64);
-  const MatmulTarget group[] = {{&p0.view(), 0, 300, py}, {&p1.view(), 0, 64, py + 300}};
-  be.matmul_group(group, px, 1);
 
   const GatedDeltaNetDims d{2, 4, 32, 32, 4};
   const auto C = static_cast<size_t>(d.channels());
@@ -61,8 +52,7 @@ ProbeResult probe(Backend& be) {
                            to_device(be, rng.uniform_vector(4, -3.0f, 3.0f)),
                            to_device(be, rng.uniform_vector(4, -4.0f, 4.0f)), window, state, 1,
                            be.alloc(C), be.alloc(128), be.alloc(128), mixer_y);
-  return {to_host(be, y, 40'000), to_host(be, py, 300 + 64), to_host(be, mixer_y, 96),
-          path_counts(be)};
+  return {to_host(be, y, 40'000), to_host(be, mixer_y, 96), path_counts(be)};
 }
 
 // Each --cuda-disable choice: its counter stays at zero while the default backend's rises
@@ -72,23 +62,18 @@ ProbeResult probe(Backend& be) {
 TEST(CudaOptions, EachDisabledPathStaysAtZero) {
   LILY_CUDA_BACKEND_OR_SKIP(be);
   const std::string path = be->code_path();
-  EXPECT_NE(path.find("options: pdl on, stream-gemv on, stream-proj on, fused-conv on, moe-layer on"),
-            std::string::npos)
-      << path;
+  EXPECT_NE(path.find("options: pdl on, stream-gemv on, fused-conv on, moe-layer on"), std::string::npos) << path;
   const bool pdl = path.find("programmatic dependent launch on") != std::string::npos;
   const bool streams = path.find("bulk-copy lm_head GEMV on") != std::string::npos;
-  const bool streams_proj = path.find("bulk-copy projection GEMV on") != std::string::npos;
-  EXPECT_EQ(streams, streams_proj) << "one kernel, the same device conditions: " << path;
   const ProbeResult base = probe(*be);
   EXPECT_EQ(base.counts.pdl_launches > 0, pdl) << path;
   EXPECT_EQ(base.counts.stream_gemv, streams ? 1u : 0u) << path;
-  EXPECT_EQ(base.counts.stream_projection, streams_proj ? 1u : 0u) << path;
   EXPECT_EQ(base.counts.fused_conv_delta, 1u);
   if (!pdl || !streams) {
     std::printf("[cuda] this device runs neither or not both Hopper paths: %s\n", path.c_str());
   }
 
-  for (const char* name : {"pdl", "stream-gemv", "stream-proj", "fused-conv"}) {
+  for (const char* name : {"pdl", "stream-gemv", "fused-conv"}) {
     const std::string disabled = name;
     std::string why;
     const std::unique_ptr<Backend> off = cuda_backend_or_null(CudaOptions::disabling(disabled), &why);
@@ -98,12 +83,6 @@ TEST(CudaOptions, EachDisabledPathStaysAtZero) {
     const ProbeResult got = probe(*off);
     EXPECT_EQ(got.counts.pdl_launches > 0, pdl && disabled != "pdl") << disabled << ": " << off_path;
     EXPECT_EQ(got.counts.stream_gemv, streams && disabled != "stream-gemv" ? 1u : 0u) << disabled;
-    EXPECT_EQ(got.counts.stream_projection, streams_proj && disabled != "stream-proj" ? 1u : 0u)
-        << disabled;
-    // The generic batched GEMV takes the projection group without the bulk copies.
-    EXPECT_EQ(got.counts.batched_gemv,
-              base.counts.batched_gemv + (streams_proj && disabled == "stream-proj" ? 1u : 0u))
-        << disabled;
     // The generic GEMV takes the tall matmul without the bulk copies, and the output
     // projection without the fused conv (the mixer's four ops; fused, its launch is the
     // mixer's own).
@@ -112,7 +91,6 @@ TEST(CudaOptions, EachDisabledPathStaysAtZero) {
     EXPECT_EQ(got.counts.gemv, base.counts.gemv + extra) << disabled;
     EXPECT_EQ(got.counts.fused_conv_delta, disabled != "fused-conv" ? 1u : 0u) << disabled;
     EXPECT_EQ(got.tall_y, base.tall_y) << disabled << ": the tall matmul changed";
-    EXPECT_EQ(got.proj_y, base.proj_y) << disabled << ": the projection group changed";
     if (disabled == "fused-conv") {
       EXPECT_LT(compare_f32(got.mixer_y, base.mixer_y).normalised, 1e-6) << disabled;
     } else {

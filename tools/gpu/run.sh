@@ -34,8 +34,7 @@
 #                                    ncu-decode.csv, and `lily bench` arms at
 #                                    LILY_PROFILE_CONTEXTS (default 256) for each of
 #                                    LILY_PROFILE_ARMS (default: default,nopdl; also
-#                                    nostream, nostreamproj (--cuda-disable stream-proj),
-#                                    noconv, nomoelayer: --cuda-disable moe-layer,
+#                                    nostream, noconv, nomoelayer: --cuda-disable moe-layer,
 #                                    kvf32 / kvbf16: --kv-cache f32 / bf16); LILY_NCU=0 skips Nsight Compute;
 #                                    LILY_NCU_DETAIL=<regex>: full sections of one kernel
 #                        lab         the kernel lab (tools/lab/, -DLILY_BUILD_LAB=ON): moe_layer_lab's
@@ -138,8 +137,7 @@ if has_stage profile; then
   echo "ncu: $(( $(date +%s) - start )) s"
   # `lily bench` arms: each context of LILY_PROFILE_CONTEXTS with each arm of LILY_PROFILE_ARMS
   # (default: the default build; nopdl: without programmatic dependent launch; nostream:
-  # without the bulk-copy lm_head GEMV; nostreamproj: without it for the projections;
-  # noconv: without the conv inside the delta rule;
+  # without the bulk-copy lm_head GEMV; noconv: without the conv inside the delta rule;
   # nomoelayer: the MoE block's four op-path launches instead of the persistent kernel).
   for ctx in ${LILY_PROFILE_CONTEXTS//,/ }; do
     for arm in ${LILY_PROFILE_ARMS//,/ }; do
@@ -149,7 +147,6 @@ if has_stage profile; then
         kvbf16) flags=(--kv-cache bf16); env=() ;;
         nopdl) flags=(--cuda-disable pdl); env=() ;;
         nostream) flags=(--cuda-disable stream-gemv); env=() ;;
-        nostreamproj) flags=(--cuda-disable stream-proj); env=() ;;
         noconv) flags=(--cuda-disable fused-conv); env=() ;;
         nomoelayer) flags=(--cuda-disable moe-layer); env=() ;;
         *) echo "unknown arm $arm"; continue ;;

@@ -171,11 +171,10 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   // measure what it buys.
   launch_ = cuda::Stream{stream_, options_.pdl && prop.major >= 9 && code.ptxVersion >= 90,
                          &counts_.pdl_launches};
-  // The bulk copies need 9.0 and room for their tiles in shared memory; --cuda-disable
-  // stream-gemv (the lm_head) and stream-proj (the projections) keep the generic GEMV.
-  const bool bulk_copies = prop.major >= 9 && cuda::stream_gemv_built_for_device();
-  stream_gemv_.enabled = options_.stream_gemv && bulk_copies;
-  stream_gemv_.projections = options_.stream_proj && bulk_copies;
+  // The lm_head's bulk copies need 9.0 and room for their tiles in shared memory;
+  // --cuda-disable stream-gemv keeps the generic GEMV.
+  stream_gemv_.enabled =
+      options_.stream_gemv && prop.major >= 9 && cuda::stream_gemv_built_for_device();
   stream_gemv_.max_shared_bytes = prop.sharedMemPerBlockOptin;
   workspace_ = std::make_unique<CudaWorkspace>(stream_);
   LILY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_reads_), 2 * sizeof(int32_t),
@@ -226,11 +225,6 @@ std::string CudaBackend::code_path() const {
   // The lm_head's rows are 2048 values (hidden_size).
   path += cuda::stream_gemv_enabled_for(2048, stream_gemv_) ? ", bulk-copy lm_head GEMV on"
                                                            : ", bulk-copy lm_head GEMV off";
-  // The projections are 2048 (qkv|z|a|b, q|k|v) and 4096 values wide (the output projections).
-  path += cuda::stream_projections_enabled_for(2048, stream_gemv_) &&
-                  cuda::stream_projections_enabled_for(4096, stream_gemv_)
-              ? ", bulk-copy projection GEMV on"
-              : ", bulk-copy projection GEMV off";
   path += options_.fused_conv ? ", conv inside the delta rule on" : ", conv inside the delta rule off";
   path += cuda::tensor_core_decode_attention_fits() ? ", bf16 decode attention on tensor cores"
                                                     : ", bf16 decode attention on CUDA cores";
@@ -537,14 +531,8 @@ void CudaBackend::matmul_group(std::span<const MatmulTarget> targets, const floa
   // Otherwise the same products, one launch each.
   cuda::GemvTarget batch[cuda::kMaxGemvTargets];
   if (resolve_group(targets, x, n, "matmul_group", batch)) {
-    const int count = static_cast<int>(targets.size());
-    if (cuda::stream_projections_apply(batch, count, x, n, stream_gemv_)) {
-      ++counts_.stream_projection;
-      cuda::stream_projections(batch, count, x, stream_gemv_, launch_, cuda::WindowShift{});
-    } else {
-      ++counts_.batched_gemv;
-      cuda::gemv_batch(batch, count, x, n, launch_);
-    }
+    ++counts_.batched_gemv;
+    cuda::gemv_batch(batch, static_cast<int>(targets.size()), x, n, launch_);
     return;
   }
   for (const MatmulTarget& t : targets) matmul(*t.w, t.row_begin, t.rows, x, n, t.y);
@@ -579,25 +567,16 @@ void CudaBackend::gated_delta_net_mixer(const GatedDeltaNetWeights& w,
   const cuda::QuantMatrix& out_proj = quant(w.out_proj);
   const cuda::GemvTarget target{out_proj, 0, out_proj.rows(), y};
   const cuda::WindowShift shift{mixed, window, d.channels(), d.conv_kernel};
-  if (cuda::stream_projections_apply(&target, 1, normed, 1, stream_gemv_)) {
-    ++counts_.stream_projection;
-    cuda::stream_projections(&target, 1, normed, stream_gemv_, launch_, shift);
-  } else {
-    cuda::gemv_batch(&target, 1, normed, 1, launch_, shift);
-  }
+  cuda::gemv_batch(&target, 1, normed, 1, launch_, shift);
 }
 
 void CudaBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x,
                          int64_t n, float* y) {
   contract::check_matmul(w, row_begin, rows, x, n, y);
   const cuda::QuantMatrix& m = quant(w);
-  const cuda::GemvTarget one{m, row_begin, rows, y};
   if (cuda::stream_gemv_applies(m, rows, x, n, stream_gemv_)) {
     ++counts_.stream_gemv;
     cuda::stream_gemv(m, row_begin, rows, x, y, stream_gemv_, launch_);
-  } else if (cuda::stream_projections_apply(&one, 1, x, n, stream_gemv_)) {
-    ++counts_.stream_projection;
-    cuda::stream_projections(&one, 1, x, stream_gemv_, launch_, cuda::WindowShift{});
   } else if (n <= cuda::kGemvMaxTokens) {
     ++counts_.gemv;
     cuda::gemv(m, row_begin, rows, x, n, y, launch_);

@@ -166,8 +166,7 @@ class CudaBackend final : public Backend {
   cudaStream_t stream_ = nullptr;
   // What the kernels launch on: stream_, PDL on where options_.pdl and the code allow it.
   cuda::Stream launch_;
-  // The bulk-copy GEMV: for the lm_head where options_.stream_gemv and the device allow it,
-  // for the one-token projections where options_.stream_proj and the device do.
+  // The bulk-copy lm_head GEMV: on where options_.stream_gemv and the device allow it.
   cuda::StreamGemvConfig stream_gemv_;
   std::string device_name_;
   // The device's compute capability and the code it runs (major * 10 + minor each): the

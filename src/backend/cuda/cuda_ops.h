@@ -88,10 +88,35 @@ void embed(const QuantMatrix& table, const int32_t* ids, int64_t n, float* out, 
 void launch_poison_context(Stream s);
 
 // y[t, r] = sum_c W[row_begin + r, c] x[t, c]            x [n, in] f32; y [n, rows] f32; n <= 8
-// The generic GEMV; CudaBackend::matmul takes stream_gemv or stream_projections instead where
-// one applies.
+// The generic GEMV; CudaBackend::matmul takes stream_gemv instead where that applies.
 void gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, int64_t n,
           float* y, Stream s);
+
+// ---- stream_gemv.cu (gemv of one token over a tall Q4 matrix: lm_head) ------------------
+// CudaBackend::matmul routes here when stream_gemv_applies: n == 1, Q4, in of 1024 or 2048, at
+// least kStreamGemvMinRows rows, 16-byte aligned buffers, the kernel enabled (the backend
+// enables it when the code running on the device was built for compute capability 9.0+, for
+// the bulk copies, unless --cuda-disable stream-gemv) and its tiles fitting the device's
+// shared memory per block (144 KB for in = 2048: an H100/H200 has 227 KB, sm_86/89/120 GPUs
+// 99 KB). Same contract as gemv and bit-identical results; persistent blocks keep tiles of
+// rows in flight.
+inline constexpr int64_t kStreamGemvMinRows = 32768;
+// The backend's choice for the kernel: enabled, and the device's opt-in shared memory per block.
+struct StreamGemvConfig {
+  bool enabled = false;
+  size_t max_shared_bytes = 0;
+};
+// Dynamic shared memory the kernel needs for rows of `in` values (1024 or 2048; 0 otherwise).
+size_t stream_gemv_shared_bytes(int64_t in);
+// Whether the kernel is enabled and its tiles for rows of `in` values fit the shared memory.
+bool stream_gemv_enabled_for(int64_t in, const StreamGemvConfig& config);
+// Whether the kernel's body is in the code the device runs: built for sm_90 or newer (a
+// device JIT-compiling the compute_80 PTX gets an empty kernel, so it must stay off there).
+bool stream_gemv_built_for_device();
+bool stream_gemv_applies(const QuantMatrix& w, int64_t rows, const float* x, int64_t n,
+                         const StreamGemvConfig& config);
+void stream_gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, float* y,
+                 const StreamGemvConfig& config, Stream s);
 
 // Several projections of one input in one launch (the decode fusions: GDN qkv|z|a|b,
 // attention q|k|v, router|shared-expert gate). For each target, as gemv. Every target has the
@@ -115,45 +140,6 @@ struct WindowShift {
 };
 void gemv_batch(const GemvTarget* targets, int count, const float* x, int64_t n, Stream s,
                 const WindowShift& shift = WindowShift{});
-
-// ---- stream_gemv.cu (one-token GEMVs through shared memory: lm_head, projections) -------
-// The bulk-copy GEMV: persistent blocks (one per SM) whose producer thread streams tiles of
-// rows into a 4-stage shared-memory ring (cp.async.bulk + mbarriers, sm_90) while consumer
-// warps compute from it. One token, Q4 rows of 1024, 2048 or 4096 values, 16-byte aligned
-// buffers; the same contract as gemv / gemv_batch and bit-identical results. Two uses, each
-// with its own switch, both enabled by the backend only when the code running on the device
-// was built for compute capability 9.0+ and the tiles fit the device's shared memory per block
-// (144-147 KB: an H100/H200 has 227 KB, sm_86/89/120 GPUs 99 KB):
-//   * stream_gemv: one tall matrix (the lm_head, 248,320 x 2048), from kStreamGemvMinRows
-//     rows (--cuda-disable stream-gemv);
-//   * stream_projections: a batch of up to kMaxGemvTargets matrices of one width, fewer rows
-//     than that in all (qkv|z|a|b, q|k|v, the output projections), with the optional
-//     WindowShift side job (--cuda-disable stream-proj). A block has at most a few tiles, so
-//     all of them are requested before the dependency wait.
-inline constexpr int64_t kStreamGemvMinRows = 32768;
-// The backend's choice for the kernel: each use enabled or not, and the device's opt-in shared
-// memory per block.
-struct StreamGemvConfig {
-  bool enabled = false;      // stream_gemv (tall matrices)
-  bool projections = false;  // stream_projections
-  size_t max_shared_bytes = 0;
-};
-// Dynamic shared memory the kernel needs for rows of `in` values (1024, 2048 or 4096; 0 otherwise).
-size_t stream_gemv_shared_bytes(int64_t in);
-// Whether each use is enabled and its tiles for rows of `in` values fit the shared memory.
-bool stream_gemv_enabled_for(int64_t in, const StreamGemvConfig& config);
-bool stream_projections_enabled_for(int64_t in, const StreamGemvConfig& config);
-// Whether the kernel's body is in the code the device runs: built for sm_90 or newer (a
-// device JIT-compiling the compute_80 PTX gets an empty kernel, so it must stay off there).
-bool stream_gemv_built_for_device();
-bool stream_gemv_applies(const QuantMatrix& w, int64_t rows, const float* x, int64_t n,
-                         const StreamGemvConfig& config);
-void stream_gemv(const QuantMatrix& w, int64_t row_begin, int64_t rows, const float* x, float* y,
-                 const StreamGemvConfig& config, Stream s);
-bool stream_projections_apply(const GemvTarget* targets, int count, const float* x, int64_t n,
-                              const StreamGemvConfig& config);
-void stream_projections(const GemvTarget* targets, int count, const float* x,
-                        const StreamGemvConfig& config, Stream s, const WindowShift& shift);
 
 // out[t] = index of the largest logit (lowest index on ties; NaN never wins over a number,
 // where the CPU's strict scan would keep a NaN at index 0: a difference only for NaN logits).

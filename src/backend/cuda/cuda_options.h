@@ -11,27 +11,26 @@ namespace lily {
 class Backend;
 
 // The code paths of the CUDA backend that can be switched off for comparison (`lily serve|run|
-// bench --cuda-disable pdl,stream-gemv,stream-proj,fused-conv,moe-layer`; docs/cuda.md). Each is on by default and
+// bench --cuda-disable pdl,stream-gemv,fused-conv,moe-layer`; docs/cuda.md). Each is on by default and
 // runs only where the device and the code it runs allow it (CudaBackend::code_path names
 // what runs). Held by the backend that was built with them: there are no process globals.
 struct CudaOptions {
   bool pdl = true;          // programmatic dependent launch (code built for sm_90+)
   bool stream_gemv = true;  // the bulk-copy lm_head GEMV (sm_90+ code, 144 KB shared memory)
-  bool stream_proj = true;  // the bulk-copy GEMV for the one-token projections (the same kernel)
   bool fused_conv = true;   // the conv inside the one-token delta rule (gated_delta_net_mixer)
   bool moe_layer = true;    // the decode plan's persistent MoE kernel (one launch per layer)
 
   // The names --cuda-disable takes, comma separated.
-  static constexpr const char* kNames = "pdl, stream-gemv, stream-proj, fused-conv, moe-layer";
+  static constexpr const char* kNames = "pdl, stream-gemv, fused-conv, moe-layer";
 
-  // "pdl on, stream-gemv on, stream-proj on, fused-conv on, moe-layer on".
+  // "pdl on, stream-gemv on, fused-conv on, moe-layer on".
   std::string describe() const {
     const auto on = [](bool v) { return v ? " on" : " off"; };
-    return std::string("pdl") + on(pdl) + ", stream-gemv" + on(stream_gemv) + ", stream-proj" +
-           on(stream_proj) + ", fused-conv" + on(fused_conv) + ", moe-layer" + on(moe_layer);
+    return std::string("pdl") + on(pdl) + ", stream-gemv" + on(stream_gemv) + ", fused-conv" +
+           on(fused_conv) + ", moe-layer" + on(moe_layer);
   }
 
-  bool all_on() const { return pdl && stream_gemv && stream_proj && fused_conv && moe_layer; }
+  bool all_on() const { return pdl && stream_gemv && fused_conv && moe_layer; }
 
   // The options with every path named in `list` off ("pdl,fused-conv"; empty: all on).
   // An unknown or empty name, or one named twice, throws std::invalid_argument naming it and
@@ -39,7 +38,7 @@ struct CudaOptions {
   static CudaOptions disabling(std::string_view list) {
     CudaOptions options;
     if (list.empty()) return options;
-    bool seen[5] = {false, false, false, false, false};
+    bool seen[4] = {false, false, false, false};
     size_t begin = 0;
     while (begin <= list.size()) {
       const size_t comma = list.find(',', begin);
@@ -48,9 +47,8 @@ struct CudaOptions {
       int which = -1;
       if (name == "pdl") which = 0;
       if (name == "stream-gemv") which = 1;
-      if (name == "stream-proj") which = 2;
-      if (name == "fused-conv") which = 3;
-      if (name == "moe-layer") which = 4;
+      if (name == "fused-conv") which = 2;
+      if (name == "moe-layer") which = 3;
       if (which < 0) {
         throw std::invalid_argument("unknown CUDA path \"" + std::string(name) +
                                     "\", expected a comma-separated list of " + kNames);
@@ -59,8 +57,8 @@ struct CudaOptions {
         throw std::invalid_argument("CUDA path \"" + std::string(name) + "\" is named twice");
       }
       seen[which] = true;
-      bool* const paths[5] = {&options.pdl, &options.stream_gemv, &options.stream_proj,
-                              &options.fused_conv, &options.moe_layer};
+      bool* const paths[4] = {&options.pdl, &options.stream_gemv, &options.fused_conv,
+                              &options.moe_layer};
       *paths[which] = false;
       if (comma == std::string_view::npos) break;
       begin = comma + 1;
@@ -76,7 +74,6 @@ struct CudaOptions {
 struct CudaPathCounts {
   uint64_t gemv = 0;                 // matmul, n <= 8: the generic GEMV (one launch)
   uint64_t stream_gemv = 0;          // matmul, n == 1 over a tall Q4 matrix: the bulk-copy GEMV
-  uint64_t stream_projection = 0;    // matmul / matmul_group / the mixer's output projection, n == 1: the bulk-copy GEMV
   uint64_t tensor_core_gemm = 0;     // matmul, n > 8: the tensor-core GEMM
   uint64_t batched_gemv = 0;         // matmul_group in one launch
   uint64_t fused_swiglu_shared = 0;  // expert_swiglu_with_shared in one launch

@@ -281,15 +281,4 @@ __device__ __forceinline__ void rows_dot(const uint32_t* const (&codes)[R],
   }
 }
 
-// The WindowShift side job of a GEMV launch (quant_gemv.cu, stream_gemv.cu): thread `thread`
-// of the `threads` that take part moves channels c = thread, thread + threads, ...
-__device__ inline void shift_window(const WindowShift& w, int64_t thread, int64_t threads) {
-  for (int64_t c = thread; c < w.channels; c += threads) {
-    for (int j = 0; j + 1 < w.conv_kernel - 1; ++j) {
-      w.window[j * w.channels + c] = w.window[(j + 1) * w.channels + c];
-    }
-    w.window[(w.conv_kernel - 2) * w.channels + c] = w.mixed[c];
-  }
-}
-
 }  // namespace lily::cuda::gemv_detail

@@ -53,6 +53,18 @@ struct GemvBatch {
   WindowShift shift;        // active when shift.window != nullptr
 };
 
+// The WindowShift side job: each thread of the launch takes channels c, c + threads, ...
+__device__ void shift_window(const WindowShift& w) {
+  const int64_t threads = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; c < w.channels;
+       c += threads) {
+    for (int j = 0; j + 1 < w.conv_kernel - 1; ++j) {
+      w.window[j * w.channels + c] = w.window[(j + 1) * w.channels + c];
+    }
+    w.window[(w.conv_kernel - 2) * w.channels + c] = w.mixed[c];
+  }
+}
+
 // For each target: y[t, r] = W[row_begin + r] . x[t] for r < rows, t < NT.
 // x [NT, in] f32 (every target has the same `in`); y [NT, rows] f32 per target.
 // kShared: x [NT, in] is staged in shared memory (gemv_detail::SharedActs), NT * in * 4 bytes
@@ -111,11 +123,7 @@ __global__ void __launch_bounds__(kGemvThreads, kGemvMinBlocks<NT>)
     }
   }
   grid_dependency_wait();
-  if (batch.shift.window != nullptr) {
-    gemv_detail::shift_window(batch.shift,
-                              static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x,
-                              static_cast<int64_t>(gridDim.x) * blockDim.x);
-  }
+  if (batch.shift.window != nullptr) shift_window(batch.shift);
   int64_t row_chunk[NT];
 #pragma unroll
   for (int t = 0; t < NT; ++t) row_chunk[t] = static_cast<int64_t>(t) * chunks;

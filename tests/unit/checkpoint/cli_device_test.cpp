@@ -32,16 +32,13 @@ TEST(CliDevice, UnknownDeviceIsRefusedBeforeLoading) {
 }
 
 TEST(CudaOptions, DisablingTurnsOffTheNamedPathsOnly) {
-  EXPECT_EQ(CudaOptions{}.describe(), "pdl on, stream-gemv on, stream-proj on, fused-conv on, moe-layer on");
-  EXPECT_EQ(CudaOptions::disabling("").describe(), "pdl on, stream-gemv on, stream-proj on, fused-conv on, moe-layer on");
-  EXPECT_EQ(CudaOptions::disabling("pdl").describe(), "pdl off, stream-gemv on, stream-proj on, fused-conv on, moe-layer on");
+  EXPECT_EQ(CudaOptions{}.describe(), "pdl on, stream-gemv on, fused-conv on, moe-layer on");
+  EXPECT_EQ(CudaOptions::disabling("").describe(), "pdl on, stream-gemv on, fused-conv on, moe-layer on");
+  EXPECT_EQ(CudaOptions::disabling("pdl").describe(), "pdl off, stream-gemv on, fused-conv on, moe-layer on");
   EXPECT_EQ(CudaOptions::disabling("fused-conv,stream-gemv").describe(),
-            "pdl on, stream-gemv off, stream-proj on, fused-conv off, moe-layer on");
+            "pdl on, stream-gemv off, fused-conv off, moe-layer on");
   EXPECT_EQ(CudaOptions::disabling("moe-layer").describe(),
-            "pdl on, stream-gemv on, stream-proj on, fused-conv on, moe-layer off");
-  EXPECT_EQ(CudaOptions::disabling("stream-proj").describe(),
-            "pdl on, stream-gemv on, stream-proj off, fused-conv on, moe-layer on");
-  EXPECT_FALSE(CudaOptions::disabling("stream-proj").all_on());
+            "pdl on, stream-gemv on, fused-conv on, moe-layer off");
   EXPECT_FALSE(CudaOptions::disabling("moe-layer").all_on());
   EXPECT_FALSE(CudaOptions::disabling("pdl,stream-gemv,fused-conv").all_on());
   for (const char* bad : {"bogus", "pdl,", ",pdl", "pdl,,fused-conv", "PDL", "pdl stream-gemv"}) {
@@ -67,7 +64,7 @@ TEST(CliDevice, CudaDisableIsCheckedBeforeLoading) {
     const RunResult bad = run_lily(std::string(command) + " --model /nonexistent --cuda-disable pdl,tma");
     EXPECT_EQ(bad.exit_code, 2) << command;
     EXPECT_NE(bad.err.find("--cuda-disable is \"pdl,tma\": unknown CUDA path \"tma\", expected a "
-                           "comma-separated list of pdl, stream-gemv, stream-proj, fused-conv, moe-layer"),
+                           "comma-separated list of pdl, stream-gemv, fused-conv, moe-layer"),
               std::string::npos)
         << command << ": " << bad.err;
     const RunResult cpu =
