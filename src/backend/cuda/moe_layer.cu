@@ -47,21 +47,34 @@ __device__ __forceinline__ unsigned long long load_acquire(const unsigned long l
   return v;
 }
 
-// Every block of the grid waits here until all have arrived. The counter only grows (never
-// reset): arrival `a` belongs to barrier instance a / gridDim.x, and a block cannot arrive at
-// instance i + 1 before all have arrived at i. Every launch on one counter must use the same
-// grid size (the plan fixes it), and blocks must be co-resident (checked at plan build).
-__device__ __forceinline__ void grid_barrier(unsigned long long* counter) {
+// Every block of the grid waits in grid_barrier until all have arrived. The counter only grows
+// (never reset): arrival `a` belongs to barrier instance a / gridDim.x, and a block cannot
+// arrive at instance i + 1 before all have arrived at i. Every launch on one counter must use
+// the same grid size (the plan fixes it), and blocks must be co-resident (checked at plan
+// build). It comes in two halves, so that a block can issue loads that depend on no other
+// block (weights) between its arrival and its wait: grid_arrive's fence orders only what came
+// before it, so such loads overlap the wait instead of delaying the arrival. grid_arrive
+// returns the count to wait for (meaningful in thread 0).
+__device__ __forceinline__ unsigned long long grid_arrive(unsigned long long* counter) {
   __syncthreads();
+  unsigned long long target = 0;
   if (threadIdx.x == 0) {
     __threadfence();  // this block's writes before its arrival
     const unsigned long long arrived = atomicAdd(counter, 1ull);
-    const unsigned long long target = (arrived / gridDim.x + 1) * gridDim.x;
+    target = (arrived / gridDim.x + 1) * gridDim.x;
+  }
+  return target;
+}
+__device__ __forceinline__ void grid_wait(unsigned long long* counter, unsigned long long target) {
+  if (threadIdx.x == 0) {
     while (load_acquire(counter) < target) {
     }
     __threadfence();
   }
   __syncthreads();
+}
+__device__ __forceinline__ void grid_barrier(unsigned long long* counter) {
+  grid_wait(counter, grid_arrive(counter));
 }
 
 __device__ __forceinline__ void stamp(const MoeLayerParams& p, int phase) {
@@ -366,84 +379,147 @@ __device__ void prefetch_down(const MoeLayerParams& p, const int32_t* ids, int64
   }
 }
 
+// One trip of a down-phase lane: kDownUnroll items (slot, chunk) of kDownRows rows, the
+// routed items first, then the shared expert's chunks; items past the end load as zero. Only
+// the loaded words are kept (each scale and bias as its raw BF16 pair), so that a trip loaded
+// before the second barrier holds 40 registers through it; the item's chunk and weight are
+// recomputed when it is used.
+template <int EB>
+struct DownTrip {
+  uint4 q[kDownUnroll][kDownRows];
+  uint32_t scale_bias[kDownUnroll][kDownRows];  // BF16 scale | BF16 bias << 16
+};
+
+// Where item `item` of the down phase lies: its flat chunk in the staged h | shared_h, the
+// chunk within its row, and whether it is routed (slot j) or the shared expert's.
+struct DownItem {
+  int64_t chunk;  // in the staged copy (shared_h's chunks follow h's)
+  int64_t c;      // within the expert's row
+  int64_t slot;   // j < k, or k for the shared expert
+};
+// (32-bit division: a 64-bit one is a long call, and the phase divides twice per item.)
+__device__ __forceinline__ DownItem down_item(int64_t item, int64_t cd, int64_t k, int64_t routed) {
+  if (item < routed) {
+    const int64_t j = static_cast<uint32_t>(item) / static_cast<uint32_t>(cd);
+    return {item, item - j * cd, j};
+  }
+  return {item, item - routed, k};
+}
+
+__device__ __forceinline__ uint32_t load_scale_bias(const __nv_bfloat16* scales,
+                                                    const __nv_bfloat16* biases, int64_t at) {
+  const auto s = static_cast<uint32_t>(__ldg(reinterpret_cast<const unsigned short*>(scales) + at));
+  const auto b = static_cast<uint32_t>(__ldg(reinterpret_cast<const unsigned short*>(biases) + at));
+  return s | (b << 16);
+}
+
+// Loads the trip of rows r0.. and items base, base + 32, ... (lanes stride over the items).
+template <int EB>
+__device__ __forceinline__ void load_down_trip(const MoeLayerParams& p, const int32_t* ids,
+                                               int64_t r0, int64_t base, DownTrip<EB>& t) {
+  constexpr int R = kDownRows;
+  using C = Chunk<EB>;
+  const int64_t H = p.hidden;
+  const int64_t cd = p.down.in / C::kValues;
+  const int64_t routed = p.k * cd;
+  const int64_t items = routed + p.shared_down.in / C::kValues;
+  const int64_t words_d = p.down.in * EB / 32;
+  const int64_t words_s = p.shared_down.in * EB / 32;
+  const int64_t groups_d = p.down.in / kGroupSize;
+  const int64_t groups_s = p.shared_down.in / kGroupSize;
+  int64_t r[R];
+#pragma unroll
+  for (int i = 0; i < R; ++i) r[i] = r0 + i < H ? r0 + i : H - 1;
+#pragma unroll
+  for (int u = 0; u < kDownUnroll; ++u) {
+    const int64_t item = base + u * 32;
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      t.q[u][i] = make_uint4(0, 0, 0, 0);
+      t.scale_bias[u][i] = 0;
+    }
+    if (item >= items) continue;
+    const DownItem it = down_item(item, cd, p.k, routed);
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      if (it.slot < p.k) {
+        const int64_t row = ids[it.slot] * H + r[i];
+        t.q[u][i] = gemv_detail::load_stream(p.down.codes + row * words_d + 4 * it.c);
+        t.scale_bias[u][i] = load_scale_bias(p.down.scales, p.down.biases,
+                                             row * groups_d + it.c / C::kPerGroup);
+      } else {
+        t.q[u][i] = gemv_detail::load_stream(p.shared_down.codes + r[i] * words_s + 4 * it.c);
+        t.scale_bias[u][i] = load_scale_bias(p.shared_down.scales, p.shared_down.biases,
+                                             r[i] * groups_s + it.c / C::kPerGroup);
+      }
+    }
+  }
+}
+
+// acc += the trip's items . the staged h | shared_h, each scaled by its routing weight (or
+// the shared expert's gate).
+template <int EB>
+__device__ __forceinline__ void dot_down_trip(const MoeLayerParams& p, const DownTrip<EB>& t,
+                                              const gemv_detail::SharedActs& acts,
+                                              const float* weights, float gate, int64_t base,
+                                              float (&acc)[kDownRows]) {
+  constexpr int R = kDownRows;
+  using C = Chunk<EB>;
+  const int64_t cd = p.down.in / C::kValues;
+  const int64_t routed = p.k * cd;
+  const int64_t items = routed + p.shared_down.in / C::kValues;
+#pragma unroll
+  for (int u = 0; u < kDownUnroll; ++u) {
+    const int64_t item = base + u * 32;
+    if (item >= items) continue;
+    const DownItem it = down_item(item, cd, p.k, routed);
+    const float weight = it.slot < p.k ? weights[it.slot] : gate;
+    float sc[R];
+    float bi[R];
+#pragma unroll
+    for (int i = 0; i < R; ++i) {
+      sc[i] = __uint_as_float(t.scale_bias[u][i] << 16);          // BF16 -> f32 is exact
+      bi[i] = __uint_as_float(t.scale_bias[u][i] & 0xFFFF0000u);
+    }
+    float dot[R][1] = {};
+    const int64_t at[1] = {it.chunk};
+    gemv_detail::chunk_dot<EB, R, 1>(t.q[u], sc, bi, acts, at, dot);
+#pragma unroll
+    for (int i = 0; i < R; ++i) acc[i] = fmaf(weight, dot[i][0], acc[i]);
+  }
+}
+
+// The down phase's gate of the shared expert, sigmoid(shared_logit) (published by barrier 1).
+__device__ __forceinline__ float shared_down_gate(const MoeLayerParams& p) {
+  return sigmoidf_(load_shared_result(p.shared_logit));
+}
+
 // out[r] = sum_j weight_j * down_{ids[j]}[r] . h[j] + sigmoid(shared_logit) * shared_down[r] .
 // shared_h, as down_combine_kernel<EB, EB, true>: one warp per kDownRows rows, lanes striding
-// over the routed items (slot, chunk) and then the shared chunks.
+// over the routed items (slot, chunk) and then the shared chunks. `first` holds the warp's
+// first trip (rows warp * kDownRows.., items lane, lane + 32, ...), loaded by the caller before
+// the second barrier: the weights depend only on the routing, so only the arithmetic waits
+// for h.
 template <int EB>
 __device__ void down_phase(const MoeLayerParams& p, const float4* staged, const int32_t* ids,
-                           const float* weights, int64_t warp, int64_t warps) {
+                           const float* weights, float gate, int64_t warp, int64_t warps,
+                           const DownTrip<EB>& first) {
   constexpr int R = kDownRows;
   constexpr int U = kDownUnroll;
   using C = Chunk<EB>;
-  const int64_t I = p.down.in;
-  const int64_t S = p.shared_down.in;
   const int64_t H = p.hidden;
-  const int64_t cd = I / C::kValues;
-  const int64_t cs = S / C::kValues;
-  const int64_t words_d = I * EB / 32;
-  const int64_t words_s = S * EB / 32;
-  const int64_t groups_d = I / kGroupSize;
-  const int64_t groups_s = S / kGroupSize;
-  const int64_t routed = p.k * cd;
-  const int64_t items = routed + cs;
+  const int64_t items = p.k * (p.down.in / C::kValues) + p.shared_down.in / C::kValues;
   const int lane = static_cast<int>(threadIdx.x) & 31;
-  const float gate = sigmoidf_(load_shared_result(p.shared_logit));
   const gemv_detail::SharedActs acts{staged};
   for (int64_t r0 = warp * R; r0 < H; r0 += warps * R) {
-    int64_t r[R];
-#pragma unroll
-    for (int i = 0; i < R; ++i) r[i] = r0 + i < H ? r0 + i : H - 1;
     float acc[R] = {};
     for (int64_t base = lane; base < items; base += 32 * U) {
-      uint4 q[U][R];
-      float sc[U][R];
-      float bi[U][R];
-      int64_t chunk[U];
-      float weight[U];
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        const int64_t item = base + u * 32;
-        weight[u] = 0.0f;
-        chunk[u] = 0;
-#pragma unroll
-        for (int i = 0; i < R; ++i) {
-          q[u][i] = make_uint4(0, 0, 0, 0);
-          sc[u][i] = 0.0f;
-          bi[u][i] = 0.0f;
-        }
-        if (item < routed) {
-          const int64_t j = item / cd;
-          const int64_t c = item - j * cd;
-          const int64_t e = ids[j];
-          weight[u] = weights[j];
-          chunk[u] = j * cd + c;
-#pragma unroll
-          for (int i = 0; i < R; ++i) {
-            const int64_t row = e * H + r[i];
-            q[u][i] = gemv_detail::load_stream(p.down.codes + row * words_d + 4 * c);
-            sc[u][i] = gemv_detail::load_bf16(p.down.scales + row * groups_d + c / C::kPerGroup);
-            bi[u][i] = gemv_detail::load_bf16(p.down.biases + row * groups_d + c / C::kPerGroup);
-          }
-        } else if (item < items) {
-          const int64_t c = item - routed;
-          weight[u] = gate;
-          chunk[u] = routed + c;  // shared_h's chunks follow h's in the staged copy
-#pragma unroll
-          for (int i = 0; i < R; ++i) {
-            q[u][i] = gemv_detail::load_stream(p.shared_down.codes + r[i] * words_s + 4 * c);
-            sc[u][i] = gemv_detail::load_bf16(p.shared_down.scales + r[i] * groups_s + c / C::kPerGroup);
-            bi[u][i] = gemv_detail::load_bf16(p.shared_down.biases + r[i] * groups_s + c / C::kPerGroup);
-          }
-        }
-      }
-#pragma unroll
-      for (int u = 0; u < U; ++u) {
-        if (base + u * 32 >= items) continue;
-        float dot[R][1] = {};
-        const int64_t at[1] = {chunk[u]};
-        gemv_detail::chunk_dot<EB, R, 1>(q[u], sc[u], bi[u], acts, at, dot);
-#pragma unroll
-        for (int i = 0; i < R; ++i) acc[i] = fmaf(weight[u], dot[i][0], acc[i]);
+      if (r0 == warp * R && base == lane) {
+        dot_down_trip<EB>(p, first, acts, weights, gate, base, acc);
+      } else {
+        DownTrip<EB> t;
+        load_down_trip<EB>(p, ids, r0, base, t);
+        dot_down_trip<EB>(p, t, acts, weights, gate, base, acc);
       }
     }
 #pragma unroll
@@ -571,7 +647,15 @@ __global__ void __launch_bounds__(kThreads, 2) moe_layer_kernel(MoeLayerParams p
     swiglu_units_by_warp<EB, kSwigluRows>(p, routed_set, ids, p.k, for_experts, warp, warps);
   }
   stamp(p, 5);
-  grid_barrier(p.barrier);
+  // The second barrier in two halves: between this block's arrival and its wait, each warp
+  // loads its first down trip (the routing chose the experts; the weights depend on no other
+  // block), so the loads overlap the wait and only the arithmetic waits for h. (Loaded before
+  // a whole grid_barrier, they delayed the arrival: thread 0's fence waits for its own loads.)
+  const float down_gate = shared_down_gate(p);
+  DownTrip<EB> first_down;
+  const unsigned long long target = grid_arrive(p.barrier);
+  if (warp * kDownRows < H) load_down_trip<EB>(p, ids, warp * kDownRows, lane, first_down);
+  grid_wait(p.barrier, target);
   stamp(p, 6);
 
   // Phase 3: down + combine over h and shared_h, staged like down_combine_kernel's.
@@ -580,7 +664,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_layer_kernel(MoeLayerParams p
   stage_results<EB>(p.shared_h, p.shared_down.in, p.k * (I / Chunk<EB>::kValues), smem);
   __syncthreads();
   stamp(p, 7);
-  down_phase<EB>(p, smem, ids, weights, warp, warps);
+  down_phase<EB>(p, smem, ids, weights, down_gate, warp, warps, first_down);
   allow_dependent_launch();
   __syncthreads();
   stamp(p, 8);  // every block is past the barriers: the next kernel cannot starve one
