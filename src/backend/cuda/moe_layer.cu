@@ -384,7 +384,6 @@ __device__ void prefetch_down(const MoeLayerParams& p, const int32_t* ids, int64
 // the loaded words are kept (each scale and bias as its raw BF16 pair), so that a trip loaded
 // before the second barrier holds 40 registers through it; the item's chunk and weight are
 // recomputed when it is used.
-template <int EB>
 struct DownTrip {
   uint4 q[kDownUnroll][kDownRows];
   uint32_t scale_bias[kDownUnroll][kDownRows];  // BF16 scale | BF16 bias << 16
@@ -416,7 +415,7 @@ __device__ __forceinline__ uint32_t load_scale_bias(const __nv_bfloat16* scales,
 // Loads the trip of rows r0.. and items base, base + 32, ... (lanes stride over the items).
 template <int EB>
 __device__ __forceinline__ void load_down_trip(const MoeLayerParams& p, const int32_t* ids,
-                                               int64_t r0, int64_t base, DownTrip<EB>& t) {
+                                               int64_t r0, int64_t base, DownTrip& t) {
   constexpr int R = kDownRows;
   using C = Chunk<EB>;
   const int64_t H = p.hidden;
@@ -459,7 +458,7 @@ __device__ __forceinline__ void load_down_trip(const MoeLayerParams& p, const in
 // acc += the trip's items . the staged h | shared_h, each scaled by its routing weight (or
 // the shared expert's gate).
 template <int EB>
-__device__ __forceinline__ void dot_down_trip(const MoeLayerParams& p, const DownTrip<EB>& t,
+__device__ __forceinline__ void dot_down_trip(const MoeLayerParams& p, const DownTrip& t,
                                               const gemv_detail::SharedActs& acts,
                                               const float* weights, float gate, int64_t base,
                                               float (&acc)[kDownRows]) {
@@ -503,7 +502,7 @@ __device__ __forceinline__ float shared_down_gate(const MoeLayerParams& p) {
 template <int EB>
 __device__ void down_phase(const MoeLayerParams& p, const float4* staged, const int32_t* ids,
                            const float* weights, float gate, int64_t warp, int64_t warps,
-                           const DownTrip<EB>& first) {
+                           const DownTrip& first) {
   constexpr int R = kDownRows;
   constexpr int U = kDownUnroll;
   using C = Chunk<EB>;
@@ -517,7 +516,7 @@ __device__ void down_phase(const MoeLayerParams& p, const float4* staged, const 
       if (r0 == warp * R && base == lane) {
         dot_down_trip<EB>(p, first, acts, weights, gate, base, acc);
       } else {
-        DownTrip<EB> t;
+        DownTrip t;
         load_down_trip<EB>(p, ids, r0, base, t);
         dot_down_trip<EB>(p, t, acts, weights, gate, base, acc);
       }
@@ -652,7 +651,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_layer_kernel(MoeLayerParams p
   // block), so the loads overlap the wait and only the arithmetic waits for h. (Loaded before
   // a whole grid_barrier, they delayed the arrival: thread 0's fence waits for its own loads.)
   const float down_gate = shared_down_gate(p);
-  DownTrip<EB> first_down;
+  DownTrip first_down;
   const unsigned long long target = grid_arrive(p.barrier);
   if (warp * kDownRows < H) load_down_trip<EB>(p, ids, warp * kDownRows, lane, first_down);
   grid_wait(p.barrier, target);
