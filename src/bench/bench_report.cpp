@@ -21,13 +21,12 @@ Json traffic_json(const DecodeTraffic& t) {
               {"total", t.total()}};
 }
 
-// {"pdl": true, "stream_gemv": true, "fused_conv": true, "moe_layer": true}, or null for the CPU.
+// {"pdl": true, "stream_gemv": true, ...} (every path of kCudaPaths), or null for the CPU.
 Json cuda_options_json(const std::optional<CudaOptions>& options) {
   if (!options) return nullptr;
-  return Json{{"pdl", options->pdl},
-              {"stream_gemv", options->stream_gemv},
-              {"fused_conv", options->fused_conv},
-              {"moe_layer", options->moe_layer}};
+  Json out = Json::object();
+  for (const CudaPath& path : kCudaPaths) out[std::string(path.json_key)] = (*options).*path.on;
+  return out;
 }
 
 }  // namespace

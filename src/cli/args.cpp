@@ -254,7 +254,7 @@ CudaOptions cuda_options_from(const Args& args) {
 OptionSpec cuda_disable_option() {
   return {"cuda-disable", true,
           std::string("CUDA paths to switch off for comparison, comma-separated: ") +
-              CudaOptions::kNames + " (default: none; docs/cuda.md)"};
+              CudaOptions::names() + " (default: none; docs/cuda.md)"};
 }
 
 }  // namespace lily

@@ -1,6 +1,7 @@
 // The CUDA backend's options (--cuda-disable) and its per-path call counts; plain C++, no CUDA.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -14,58 +15,96 @@ class Backend;
 // bench --cuda-disable pdl,stream-gemv,fused-conv,moe-layer`; docs/cuda.md). Each is on by default and
 // runs only where the device and the code it runs allow it (CudaBackend::code_path names
 // what runs). Held by the backend that was built with them: there are no process globals.
+// Every list of the paths (the flag's names, describe(), the bench JSON) comes from
+// kCudaPaths below, so a new path is added in one place.
 struct CudaOptions {
   bool pdl = true;          // programmatic dependent launch (code built for sm_90+)
   bool stream_gemv = true;  // the bulk-copy lm_head GEMV (sm_90+ code, 144 KB shared memory)
   bool fused_conv = true;   // the conv inside the one-token delta rule (gated_delta_net_mixer)
   bool moe_layer = true;    // the decode plan's persistent MoE kernel (one launch per layer)
 
-  // The names --cuda-disable takes, comma separated.
-  static constexpr const char* kNames = "pdl, stream-gemv, fused-conv, moe-layer";
+  // The names --cuda-disable takes, comma separated: "pdl, stream-gemv, fused-conv, moe-layer".
+  static std::string names();
 
   // "pdl on, stream-gemv on, fused-conv on, moe-layer on".
-  std::string describe() const {
-    const auto on = [](bool v) { return v ? " on" : " off"; };
-    return std::string("pdl") + on(pdl) + ", stream-gemv" + on(stream_gemv) + ", fused-conv" +
-           on(fused_conv) + ", moe-layer" + on(moe_layer);
-  }
+  std::string describe() const;
 
-  bool all_on() const { return pdl && stream_gemv && fused_conv && moe_layer; }
+  bool all_on() const;
 
   // The options with every path named in `list` off ("pdl,fused-conv"; empty: all on).
   // An unknown or empty name, or one named twice, throws std::invalid_argument naming it and
   // the valid names.
-  static CudaOptions disabling(std::string_view list) {
-    CudaOptions options;
-    if (list.empty()) return options;
-    bool seen[4] = {false, false, false, false};
-    size_t begin = 0;
-    while (begin <= list.size()) {
-      const size_t comma = list.find(',', begin);
-      const size_t end = comma == std::string_view::npos ? list.size() : comma;
-      const std::string_view name = list.substr(begin, end - begin);
-      int which = -1;
-      if (name == "pdl") which = 0;
-      if (name == "stream-gemv") which = 1;
-      if (name == "fused-conv") which = 2;
-      if (name == "moe-layer") which = 3;
-      if (which < 0) {
-        throw std::invalid_argument("unknown CUDA path \"" + std::string(name) +
-                                    "\", expected a comma-separated list of " + kNames);
-      }
-      if (seen[which]) {
-        throw std::invalid_argument("CUDA path \"" + std::string(name) + "\" is named twice");
-      }
-      seen[which] = true;
-      bool* const paths[4] = {&options.pdl, &options.stream_gemv, &options.fused_conv,
-                              &options.moe_layer};
-      *paths[which] = false;
-      if (comma == std::string_view::npos) break;
-      begin = comma + 1;
-    }
-    return options;
-  }
+  static CudaOptions disabling(std::string_view list);
 };
+
+// One switchable path: its --cuda-disable name, its key in the bench JSON
+// (device.cuda_options) and its member.
+struct CudaPath {
+  std::string_view flag;
+  std::string_view json_key;
+  bool CudaOptions::*on;
+};
+inline constexpr CudaPath kCudaPaths[] = {
+    {"pdl", "pdl", &CudaOptions::pdl},
+    {"stream-gemv", "stream_gemv", &CudaOptions::stream_gemv},
+    {"fused-conv", "fused_conv", &CudaOptions::fused_conv},
+    {"moe-layer", "moe_layer", &CudaOptions::moe_layer},
+};
+inline constexpr size_t kCudaPathCount = sizeof(kCudaPaths) / sizeof(kCudaPaths[0]);
+
+inline std::string CudaOptions::names() {
+  std::string out;
+  for (const CudaPath& path : kCudaPaths) {
+    if (!out.empty()) out += ", ";
+    out += path.flag;
+  }
+  return out;
+}
+
+inline std::string CudaOptions::describe() const {
+  std::string out;
+  for (const CudaPath& path : kCudaPaths) {
+    if (!out.empty()) out += ", ";
+    out += path.flag;
+    out += this->*path.on ? " on" : " off";
+  }
+  return out;
+}
+
+inline bool CudaOptions::all_on() const {
+  for (const CudaPath& path : kCudaPaths) {
+    if (!(this->*path.on)) return false;
+  }
+  return true;
+}
+
+inline CudaOptions CudaOptions::disabling(std::string_view list) {
+  CudaOptions options;
+  if (list.empty()) return options;
+  bool seen[kCudaPathCount] = {};
+  size_t begin = 0;
+  while (begin <= list.size()) {
+    const size_t comma = list.find(',', begin);
+    const size_t end = comma == std::string_view::npos ? list.size() : comma;
+    const std::string_view name = list.substr(begin, end - begin);
+    size_t which = kCudaPathCount;
+    for (size_t i = 0; i < kCudaPathCount; ++i) {
+      if (name == kCudaPaths[i].flag) which = i;
+    }
+    if (which == kCudaPathCount) {
+      throw std::invalid_argument("unknown CUDA path \"" + std::string(name) +
+                                  "\", expected a comma-separated list of " + names());
+    }
+    if (seen[which]) {
+      throw std::invalid_argument("CUDA path \"" + std::string(name) + "\" is named twice");
+    }
+    seen[which] = true;
+    options.*kCudaPaths[which].on = false;
+    if (comma == std::string_view::npos) break;
+    begin = comma + 1;
+  }
+  return options;
+}
 
 // How often each kernel path of the CUDA backend was chosen, counted on the host when an op
 // is dispatched: eager calls and calls recorded into a graph. A graph replay does not pass

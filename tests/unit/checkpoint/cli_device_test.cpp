@@ -55,6 +55,24 @@ TEST(CudaOptions, DisablingTurnsOffTheNamedPathsOnly) {
   EXPECT_THROW(CudaOptions::disabling("pdl,pdl"), std::invalid_argument);
 }
 
+// The one table of paths (kCudaPaths) names each member once: disabling a path by its flag
+// turns off exactly that member, and describe() and names() list every flag.
+TEST(CudaOptions, EachPathOfTheTableTurnsOffItsOwnMember) {
+  ASSERT_EQ(kCudaPathCount, 4u);
+  for (const CudaPath& path : kCudaPaths) {
+    const CudaOptions off = CudaOptions::disabling(path.flag);
+    EXPECT_FALSE(off.*path.on) << path.flag;
+    for (const CudaPath& other : kCudaPaths) {
+      if (other.flag != path.flag) {
+        EXPECT_TRUE(off.*other.on) << path.flag << " turned off " << other.flag;
+      }
+    }
+    EXPECT_NE(off.describe().find(std::string(path.flag) + " off"), std::string::npos) << off.describe();
+    EXPECT_NE(CudaOptions::names().find(path.flag), std::string::npos) << path.flag;
+  }
+  EXPECT_EQ(CudaOptions::names(), "pdl, stream-gemv, fused-conv, moe-layer");
+}
+
 // --cuda-disable on run, bench and serve: an unknown path is refused before loading, naming
 // the valid ones; with --device cpu any list is refused (LILY_CUDA_DISABLE and the config
 // key: cli_sources_test.cpp).
