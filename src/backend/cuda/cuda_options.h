@@ -40,9 +40,10 @@ struct CudaOptions {
 // One switchable path: its --cuda-disable name, its key in the bench JSON
 // (device.cuda_options) and its member.
 struct CudaPath {
+  using Member = bool CudaOptions::*;
   std::string_view flag;
   std::string_view json_key;
-  bool CudaOptions::*on;
+  Member on;
 };
 inline constexpr CudaPath kCudaPaths[] = {
     {"pdl", "pdl", &CudaOptions::pdl},
