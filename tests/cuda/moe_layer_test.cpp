@@ -189,6 +189,86 @@ TEST(CudaDecodePlan, MoeBlockModelRoutingWidthEqualsTheOps) {
   check_block(Shape{512, 64, 128, 64, 4, 4, "H=512 E=64 I=128 S=64 k=4 q4 router"}, 904);
 }
 
+// moe_block_then_norm: the block, then the step's add_rms_norm with the norm after the layer
+// (layer 0: layer 1's input norm; layer 1, the last: the final norm), bit for bit, eager, 20
+// launches in a row (the done counter keeps growing) and graph replays.
+void check_block_then_norm(const Shape& s, uint64_t seed) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  Rng rng(seed);
+  const MoeLayer layer(rng, s.H, s.E, s.I, s.S, s.router_bits);
+  const auto gain = [&](const char* name) {
+    return DenseTensor(DType::BF16, {static_cast<uint64_t>(s.H)},
+                       rng.uniform_vector(static_cast<size_t>(s.H), 0.5f, 1.5f), name);
+  };
+  const DenseTensor input_norm = gain("input_norm");
+  const DenseTensor final_norm = gain("final_norm");
+  ModelWeights model;
+  model.layers.push_back(layer.weights());
+  model.layers.push_back(layer.weights());
+  model.layers[1].input_norm = input_norm.view();
+  model.final_norm = final_norm.view();
+  const std::unique_ptr<DecodePlan> plan =
+      be->make_decode_plan(model, DecodePlanShape{s.H, s.E, s.k, kEps});
+  ASSERT_NE(plan, nullptr);
+  ASSERT_TRUE(plan->can_norm_after(0)) << plan->describe();
+  ASSERT_TRUE(plan->can_norm_after(1)) << plan->describe();
+  EXPECT_FALSE(plan->can_norm_after(2));
+  const DenseView* after[2] = {&model.layers[1].input_norm, &model.final_norm};
+  for (size_t l = 0; l < 2; ++l) {
+    const auto residual = rng.uniform_vector(static_cast<size_t>(s.H), -2.0f, 2.0f);
+    const auto delta = rng.uniform_vector(static_cast<size_t>(s.H), -1.0f, 1.0f);
+    Buffers ops(*be, s, residual, delta);
+    Buffers fused(*be, s, residual, delta);
+    run_ops(*be, s, model.layers[l], ops.b);
+    be->add_rms_norm(ops.b.residual, ops.b.delta, *after[l], 1, s.H, kEps, ops.b.normed);
+    const uint64_t before = plan->moe_blocks_run();
+    for (int i = 0; i < 20; ++i) {
+      be->copy_from_host(residual.data(), residual.size(), fused.b.residual);
+      be->copy_from_host(delta.data(), delta.size(), fused.b.delta);
+      plan->moe_block_then_norm(l, fused.b);
+    }
+    EXPECT_EQ(plan->moe_blocks_run(), before + 20) << "the fused block ran";
+    expect_same(*be, s, fused.b, ops.b, s.label + " then norm, layer " + std::to_string(l));
+  }
+  if (be->can_capture()) {
+    const auto r3 = rng.uniform_vector(static_cast<size_t>(s.H), -2.0f, 2.0f);
+    const auto d3 = rng.uniform_vector(static_cast<size_t>(s.H), -1.0f, 1.0f);
+    Buffers o3(*be, s, r3, d3);
+    Buffers f3(*be, s, r3, d3);
+    run_ops(*be, s, model.layers[0], o3.b);
+    be->add_rms_norm(o3.b.residual, o3.b.delta, *after[0], 1, s.H, kEps, o3.b.normed);
+    be->begin_capture();
+    plan->moe_block_then_norm(0, f3.b);
+    const int g = be->end_capture();
+    for (int i = 0; i < 10; ++i) {
+      be->copy_from_host(r3.data(), r3.size(), f3.b.residual);
+      be->copy_from_host(d3.data(), d3.size(), f3.b.delta);
+      be->replay(g);
+    }
+    expect_same(*be, s, f3.b, o3.b, s.label + " then norm, graph replays");
+  }
+}
+
+TEST(CudaDecodePlan, MoeBlockThenNormEqualsTheOps) {
+  check_block_then_norm(Shape{256, 32, 128, 128, 8, 8, "tiny H=256 E=32 I=S=128 k=8"}, 907);
+  check_block_then_norm(Shape{2048, 32, 512, 512, 8, 8, "H=2048 E=32 I=S=512 k=8"}, 908);
+}
+
+TEST(CudaDecodePlan, NoNormKnownAfterALayerRefusesThenNorm) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  Rng rng(909);
+  const MoeLayer layer(rng, 256, 32, 128, 128, 8);
+  ModelWeights model;  // no input norms, no final norm
+  model.layers.push_back(layer.weights());
+  const std::unique_ptr<DecodePlan> plan = be->make_decode_plan(model, DecodePlanShape{256, 32, 8, kEps});
+  ASSERT_NE(plan, nullptr);
+  ASSERT_TRUE(plan->has_moe_block()) << plan->describe();
+  EXPECT_FALSE(plan->can_norm_after(0));
+  Buffers b(*be, Shape{256, 32, 128, 128, 8, 8, ""}, std::vector<float>(256, 1.0f),
+            std::vector<float>(256, 1.0f));
+  EXPECT_THROW(plan->moe_block_then_norm(0, b.b), std::logic_error);
+}
+
 TEST(CudaDecodePlan, TurnedOffTheBlockRunsTheOps) {
   LILY_CUDA_BACKEND_OR_SKIP(be);
   std::string why;
