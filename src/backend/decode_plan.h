@@ -43,13 +43,6 @@ class DecodePlan {
   // add_rms_norm + matmul_group(router | shared gate) + route_expert_swiglu +
   // expert_down_combine, bit for bit.
   virtual void moe_block(size_t layer, const MoeBlockBuffers& buffers) = 0;
-  // Whether moe_block_then_norm may be called for `layer`: the norm that follows the block in
-  // the step (the next layer's input_norm, or the final norm after the last layer) is known.
-  virtual bool can_norm_after(size_t layer) const = 0;
-  // moe_block, then the step's add_rms_norm that follows it (residual += the block's output,
-  // normed = RMSNorm(residual) * that norm's gain) in the same launch, bit for bit; the model
-  // then skips its own add_rms_norm.
-  virtual void moe_block_then_norm(size_t layer, const MoeBlockBuffers& buffers) = 0;
   // How many MoE blocks went through moe_block: recorded or eager calls (a replayed graph
   // does not pass through the host). Tests of the fast path assert it rose.
   virtual uint64_t moe_blocks_run() const = 0;

@@ -110,7 +110,6 @@ void Qwen36Model::layers_forward(DecodeState& state, SeqPos pos, int64_t n) {
   // Each residual add + norm runs just before the projections that read it (`project`):
   // `pending` is the norm still owed to the residual stream when the next block starts.
   const DenseView* pending = nullptr;
-  bool normed_after = false;
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
     const LayerWeights& layer = weights_.layers[i];
     if (layer.kind == LayerKind::linear_attention) {
@@ -118,12 +117,10 @@ void Qwen36Model::layers_forward(DecodeState& state, SeqPos pos, int64_t n) {
     } else {
       attention_mixer(layer, state.attention[i], state.capacity, pos, n, pending);
     }
-    // The plan's MoE block may also run the add + norm after it (normed_ is then ready).
-    normed_after = moe(i, n, &layer.post_attention_norm);
-    pending = !normed_after && i + 1 < weights_.layers.size() ? &weights_.layers[i + 1].input_norm
-                                                              : nullptr;
+    moe(i, n, &layer.post_attention_norm);
+    pending = i + 1 < weights_.layers.size() ? &weights_.layers[i + 1].input_norm : nullptr;
   }
-  if (!normed_after) be.add_rms_norm(residual_, delta_, weights_.final_norm, n, H, eps_, normed_);
+  be.add_rms_norm(residual_, delta_, weights_.final_norm, n, H, eps_, normed_);
 }
 
 void Qwen36Model::project(std::span<const MatmulTarget> targets, int64_t n,
@@ -235,22 +232,17 @@ void Qwen36Model::attention_mixer(const LayerWeights& layer, DecodeState::Attent
   be.matmul(w.o_proj, 0, static_cast<int64_t>(shape_.hidden_size), attn_out_, n, delta_);
 }
 
-bool Qwen36Model::moe(size_t index, int64_t n, const DenseView* pending_norm) {
+void Qwen36Model::moe(size_t index, int64_t n, const DenseView* pending_norm) {
   Backend& be = backend_;
   const LayerWeights& layer = weights_.layers[index];
   const MoeWeights& w = layer.moe;
   // One token with the norm still owed (always, in layers_forward): the plan's fused block.
   if (n == 1 && pending_norm == &layer.post_attention_norm && plan_ != nullptr &&
       plan_->has_moe_block()) {
-    const MoeBlockBuffers buffers{residual_,       delta_,          normed_,   router_logits_,
-                                  shared_logit_,   expert_ids_,     expert_weights_,
-                                  expert_h_,       shared_h_};
-    if (plan_->can_norm_after(index)) {
-      plan_->moe_block_then_norm(index, buffers);
-      return true;
-    }
-    plan_->moe_block(index, buffers);
-    return false;
+    plan_->moe_block(index, MoeBlockBuffers{residual_, delta_, normed_, router_logits_,
+                                            shared_logit_, expert_ids_, expert_weights_,
+                                            expert_h_, shared_h_});
+    return;
   }
   const auto E = static_cast<int64_t>(shape_.num_experts);
   const auto k = static_cast<int64_t>(shape_.num_experts_per_tok);
@@ -262,7 +254,6 @@ bool Qwen36Model::moe(size_t index, int64_t n, const DenseView* pending_norm) {
                          n, &w.experts_down);
   be.expert_down_combine(w.experts_down, expert_h_, expert_ids_, expert_weights_, n, k,
                          w.shared_down, shared_h_, shared_logit_, delta_);
-  return false;
 }
 
 void Qwen36Model::logits_to_host(std::vector<float>& out) {

@@ -102,9 +102,8 @@ class Qwen36Model {
                        int64_t capacity, SeqPos start_pos, int64_t n,
                        const DenseView* pending_norm);
   // Layer `index`'s MoE block: the decode plan's fused kernel for one token where it has one,
-  // else the ops. True when the plan's kernel also ran the add + norm that follows the block
-  // (normed_ holds the next norm's output; the caller must not add the delta again).
-  bool moe(size_t index, int64_t n, const DenseView* pending_norm);
+  // else the ops.
+  void moe(size_t index, int64_t n, const DenseView* pending_norm);
 
   const ModelWeights& weights_;
   ModelShape shape_;

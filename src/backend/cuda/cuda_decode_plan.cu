@@ -1,7 +1,6 @@
 // The CUDA decode plan: resolves each layer's MoE weights once and launches the fused kernels.
 #include "backend/cuda/cuda_decode_plan.h"
 
-#include <cstdlib>
 #include <stdexcept>
 #include <string>
 
@@ -41,17 +40,8 @@ CudaDecodePlan::CudaDecodePlan(CudaBackend& backend, const ModelWeights& weights
     moe_grid_ = cuda::moe_layer_grid(moe_layers_.front());
     if (moe_grid_ == 0) unsupported = "its blocks do not fit on the GPU at once";
   }
-  // The norm after each block: the next layer's input norm, the final norm after the last.
-  for (size_t i = 0; i < weights.layers.size(); ++i) {
-    const DenseView& next = i + 1 < weights.layers.size() ? weights.layers[i + 1].input_norm
-                                                          : weights.final_norm;
-    const bool known = next.data != nullptr && static_cast<int64_t>(next.nbytes) ==
-                       shape.hidden * (next.dtype == DType::F32 ? 4 : 2);
-    next_gains_.push_back(known && std::getenv("LILY_TMP_NO_NORM_AFTER") == nullptr ? backend.dense(next) : nullptr);
-  }
   if (unsupported.empty()) {
     moe_barrier_ = static_cast<unsigned long long*>(backend.device_alloc(sizeof(unsigned long long)));
-    moe_done_ = static_cast<unsigned long long*>(backend.device_alloc(sizeof(unsigned long long)));
     description_ = "MoE block as one persistent kernel per layer (" + std::to_string(moe_grid_) +
                    " co-resident blocks)";
   } else {
@@ -60,23 +50,7 @@ CudaDecodePlan::CudaDecodePlan(CudaBackend& backend, const ModelWeights& weights
   }
 }
 
-bool CudaDecodePlan::can_norm_after(size_t layer) const {
-  return moe_grid_ > 0 && layer < next_gains_.size() && next_gains_[layer] != nullptr;
-}
-
 void CudaDecodePlan::moe_block(size_t layer, const MoeBlockBuffers& b) {
-  launch_moe_block(layer, b, false);
-}
-
-void CudaDecodePlan::moe_block_then_norm(size_t layer, const MoeBlockBuffers& b) {
-  if (!can_norm_after(layer)) {
-    throw std::logic_error("CudaDecodePlan::moe_block_then_norm: layer " + std::to_string(layer) +
-                           " has no known norm after it (or the block runs the op path)");
-  }
-  launch_moe_block(layer, b, true);
-}
-
-void CudaDecodePlan::launch_moe_block(size_t layer, const MoeBlockBuffers& b, bool then_norm) {
   if (moe_grid_ == 0) throw std::logic_error("CudaDecodePlan::moe_block: " + description_);
   if (layer >= moe_layers_.size()) {
     throw std::invalid_argument("CudaDecodePlan::moe_block: layer " + std::to_string(layer) +
@@ -99,10 +73,6 @@ void CudaDecodePlan::launch_moe_block(size_t layer, const MoeBlockBuffers& b, bo
   p.shared_h = b.shared_h;
   p.out = b.delta;
   p.barrier = moe_barrier_;
-  if (then_norm) {
-    p.next_gain = next_gains_[layer];
-    p.done = moe_done_;
-  }
   cuda::moe_layer(p, moe_grid_, stream_);
   LILY_CUDA_LAUNCH_CHECK();
   ++moe_blocks_run_;

@@ -25,13 +25,9 @@ class CudaDecodePlan final : public DecodePlan {
   std::string describe() const override { return description_; }
   bool has_moe_block() const override { return moe_grid_ > 0; }
   void moe_block(size_t layer, const MoeBlockBuffers& buffers) override;
-  bool can_norm_after(size_t layer) const override;
-  void moe_block_then_norm(size_t layer, const MoeBlockBuffers& buffers) override;
   uint64_t moe_blocks_run() const override { return moe_blocks_run_; }
 
  private:
-  void launch_moe_block(size_t layer, const MoeBlockBuffers& buffers, bool then_norm);
-
   CudaBackend& backend_;
   cuda::Stream stream_;  // the backend's launch stream (its PDL choice, cuda_ops.h)
   // Per layer: the MoE block's matrices and norm gain in device memory (the rest of the
@@ -39,9 +35,6 @@ class CudaDecodePlan final : public DecodePlan {
   std::vector<cuda::MoeLayerParams> moe_layers_;
   int moe_grid_ = 0;  // blocks of every moe_layer launch (the barrier counter relies on one size)
   unsigned long long* moe_barrier_ = nullptr;  // [1] u64 device, zeroed, only ever grows
-  unsigned long long* moe_done_ = nullptr;     // [1] u64 device, zeroed, only ever grows
-  // Per layer: the gain of the norm that follows the MoE block (device), nullptr if unknown.
-  std::vector<const float*> next_gains_;
   uint64_t moe_blocks_run_ = 0;
   std::string description_;
 };

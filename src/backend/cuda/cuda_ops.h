@@ -285,7 +285,7 @@ void moe_route(const float* logits, int64_t n, int64_t experts, int64_t k, int32
 // One token: residual += delta; normed = rms_norm(residual) * norm_gain; the router and
 // shared-gate logits; top-k routing; the routed and shared SwiGLU; out = down + combine.
 // Bit-identical to add_rms_norm + gemv_batch + route_expert_swiglu_gemv +
-// expert_down_combine_gemv (+ add_rms_norm with next_gain). out may be delta (it is written only after delta is read).
+// expert_down_combine_gemv. out may be delta (it is written only after delta is read).
 struct MoeLayerParams {
   int64_t hidden = 0;   // H
   int64_t experts = 0;  // E
@@ -307,11 +307,6 @@ struct MoeLayerParams {
   float* shared_h = nullptr;         // [S] f32 scratch
   float* out = nullptr;              // [H] f32 out
   unsigned long long* barrier = nullptr;  // [1] u64 device, zeroed once, owned by one grid size
-  // With next_gain [H] f32: after the block, residual += out and normed = RMSNorm(residual) *
-  // next_gain (the add_rms_norm that follows the block in the step), by the last block to
-  // finish; done: [1] u64 device, zeroed once, owned by one grid size like barrier.
-  const float* next_gain = nullptr;
-  unsigned long long* done = nullptr;
   // Profiling only (tools/lab/moe_layer_lab.cu), nullptr in the server: [grid, kMoeLayerStamps]
   // u64 %globaltimer stamps of each block's phase ends.
   unsigned long long* timeline = nullptr;

@@ -111,33 +111,12 @@ __device__ __forceinline__ void store_normed(float4* for_router, float4* for_exp
   for_experts[gemv_detail::swizzled_float4<EB>(f / FE, static_cast<int>(f % FE))] = v;
 }
 
-// What stage_norm adds and normalises: residual + delta with gain. kCoherent: residual and
-// delta were written by other blocks of this launch, so they are read through L2 (this SM's L1
-// may still hold the copies it read in phase 1).
-struct NormInputs {
-  const float* residual;
-  const float* delta;
-  const float* gain;
-  bool write_normed;  // this block also stores the normed row into p.normed
-};
-
-template <bool kCoherent>
-__device__ __forceinline__ float4 load_row4(const float* p, int64_t q) {
-  if constexpr (kCoherent) return __ldcg(reinterpret_cast<const float4*>(p) + q);
-  return reinterpret_cast<const float4*>(p)[q];
-}
-template <bool kCoherent>
-__device__ __forceinline__ float load_row1(const float* p, int64_t i) {
-  if constexpr (kCoherent) return __ldcg(p + i);
-  return p[i];
-}
-
-// residual + delta into `sums` and its RMSNorm, staged twice; with in.write_normed also into
-// normed (the residual is written by the caller: other blocks may still read it). Same
+// residual + delta into `sums` and its RMSNorm, staged twice; block 0 also writes normed (the
+// residual is written after the first barrier: other blocks read it until then). Same
 // arithmetic as norm_warp_kernel<add> (H <= 256) or norm_vec_kernel<add, V> (H > 256).
-template <int RB, int EB, int V, bool kCoherent>
-__device__ void stage_norm(const MoeLayerParams& p, const NormInputs& in, float4* for_router,
-                           float4* for_experts, float* sums, float* partial) {
+template <int RB, int EB, int V>
+__device__ void stage_norm(const MoeLayerParams& p, float4* for_router, float4* for_experts,
+                           float* sums, float* partial) {
   const int64_t H = p.hidden;
   if (H <= 256) {
     // norm_warp_kernel: lane l holds values l + 32c; warp 0 does it, the others wait.
@@ -150,7 +129,7 @@ __device__ void stage_norm(const MoeLayerParams& p, const NormInputs& in, float4
         const int64_t i = lane + 32 * c;
         v[c] = 0.0f;
         if (i < H) {
-          v[c] = load_row1<kCoherent>(in.residual, i) + load_row1<kCoherent>(in.delta, i);
+          v[c] = p.residual[i] + p.delta[i];
           sum_sq = fmaf(v[c], v[c], sum_sq);
         }
       }
@@ -159,8 +138,8 @@ __device__ void stage_norm(const MoeLayerParams& p, const NormInputs& in, float4
       for (int c = 0; c < 8; ++c) {
         const int64_t i = lane + 32 * c;
         if (i < H) sums[i] = v[c];
-        if (i < H) v[c] = v[c] * inv * in.gain[i];
-        if (i < H && in.write_normed) p.normed[i] = v[c];
+        if (i < H) v[c] = v[c] * inv * p.norm_gain[i];
+        if (i < H && blockIdx.x == 0) p.normed[i] = v[c];
       }
       __syncwarp();
 #pragma unroll
@@ -178,14 +157,16 @@ __device__ void stage_norm(const MoeLayerParams& p, const NormInputs& in, float4
   }
   // norm_vec_kernel: thread t holds float4s t, t + 256, ...
   const int64_t quads = H / 4;
+  const auto* r = reinterpret_cast<const float4*>(p.residual);
+  const auto* d = reinterpret_cast<const float4*>(p.delta);
   float4 sum[V];
 #pragma unroll
   for (int i = 0; i < V; ++i) {
     const int64_t q = threadIdx.x + static_cast<int64_t>(i) * kThreads;
     sum[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (q < quads) {
-      const float4 a = load_row4<kCoherent>(in.residual, q);
-      const float4 b = load_row4<kCoherent>(in.delta, q);
+      const float4 a = r[q];
+      const float4 b = d[q];
       sum[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
       reinterpret_cast<float4*>(sums)[q] = sum[i];
     }
@@ -199,7 +180,7 @@ __device__ void stage_norm(const MoeLayerParams& p, const NormInputs& in, float4
     sum_sq = fmaf(sum[i].w, sum[i].w, sum_sq);
   }
   const float inv = inv_rms(norm_block_sum(sum_sq, partial), H, p.eps);
-  const auto* g = reinterpret_cast<const float4*>(in.gain);
+  const auto* g = reinterpret_cast<const float4*>(p.norm_gain);
 #pragma unroll
   for (int i = 0; i < V; ++i) {
     const int64_t q = threadIdx.x + static_cast<int64_t>(i) * kThreads;
@@ -208,7 +189,7 @@ __device__ void stage_norm(const MoeLayerParams& p, const NormInputs& in, float4
     const float4 o = make_float4(sum[i].x * inv * gq.x, sum[i].y * inv * gq.y,
                                  sum[i].z * inv * gq.z, sum[i].w * inv * gq.w);
     store_normed<RB, EB>(for_router, for_experts, q, o);
-    if (in.write_normed) reinterpret_cast<float4*>(p.normed)[q] = o;
+    if (blockIdx.x == 0) reinterpret_cast<float4*>(p.normed)[q] = o;
   }
 }
 
@@ -559,36 +540,6 @@ __device__ void stage_results(const float* src, int64_t count, int64_t first_chu
   }
 }
 
-// The add + RMSNorm that follows the block in the step (the next layer's input norm, or the
-// final norm): the last block to finish its down rows (a monotonic count, as the barrier's)
-// adds the block's output to the residual and normalises it with next_gain, as the op path's
-// add_rms_norm launch would, instead of a one-block launch after this grid. The other blocks'
-// rows are published by their fence before the count; the last block reads them through L2.
-template <int RB, int EB>
-__device__ void norm_after_block(const MoeLayerParams& p, float4* smem, float* partial) {
-  __shared__ bool last;
-  if (threadIdx.x == 0) {
-    __threadfence();  // this block's output rows before its count
-    const unsigned long long done = atomicAdd(p.done, 1ull);
-    last = done % gridDim.x == gridDim.x - 1;
-    if (last) __threadfence();  // acquire: every block's rows are visible from here on
-  }
-  __syncthreads();
-  if (!last) return;
-  const int64_t H = p.hidden;
-  float* sums = reinterpret_cast<float*>(smem + H / 2);
-  const NormInputs tail_in{p.residual, p.out, p.next_gain, true};
-  if (H <= 2048) {
-    stage_norm<RB, EB, 2, true>(p, tail_in, smem, smem + H / 4, sums, partial);
-  } else {
-    stage_norm<RB, EB, 4, true>(p, tail_in, smem, smem + H / 4, sums, partial);
-  }
-  __syncthreads();
-  for (int64_t q = threadIdx.x; q < H / 4; q += kThreads) {
-    reinterpret_cast<float4*>(p.residual)[q] = reinterpret_cast<const float4*>(sums)[q];
-  }
-}
-
 template <int RB, int EB>
 __global__ void __launch_bounds__(kThreads, 2) moe_layer_kernel(MoeLayerParams p) {
   extern __shared__ float4 smem[];
@@ -636,11 +587,10 @@ __global__ void __launch_bounds__(kThreads, 2) moe_layer_kernel(MoeLayerParams p
   float4* for_router = smem;
   float4* for_experts = smem + H / 4;
   float* sums = reinterpret_cast<float*>(smem + H / 2);
-  const NormInputs block_in{p.residual, p.delta, p.norm_gain, blockIdx.x == 0};
   if (H <= 2048) {
-    stage_norm<RB, EB, 2, false>(p, block_in, for_router, for_experts, sums, partial);
+    stage_norm<RB, EB, 2>(p, for_router, for_experts, sums, partial);
   } else {
-    stage_norm<RB, EB, 4, false>(p, block_in, for_router, for_experts, sums, partial);
+    stage_norm<RB, EB, 4>(p, for_router, for_experts, sums, partial);
   }
   __syncthreads();
   stamp(p, 1);
@@ -717,7 +667,6 @@ __global__ void __launch_bounds__(kThreads, 2) moe_layer_kernel(MoeLayerParams p
   allow_dependent_launch();
   __syncthreads();
   stamp(p, 8);  // every block is past the barriers: the next kernel cannot starve one
-  if (p.next_gain != nullptr) norm_after_block<RB, EB>(p, smem, partial);
 }
 
 }  // namespace
