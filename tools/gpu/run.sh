@@ -35,10 +35,12 @@
 #                                    LILY_PROFILE_CONTEXTS (default 256) for each of
 #                                    LILY_PROFILE_ARMS (default: default,nopdl; also
 #                                    nostream, noconv, nomoelayer: --cuda-disable moe-layer,
+#                                    nodeltanetlayer: --cuda-disable delta-net-layer,
 #                                    kvf32 / kvbf16: --kv-cache f32 / bf16); LILY_NCU=0 skips Nsight Compute;
 #                                    LILY_NCU_DETAIL=<regex>: full sections of one kernel
 #                        lab         the kernel lab (tools/lab/, -DLILY_BUILD_LAB=ON): moe_layer_lab's
-#                                    op path vs persistent MoE block per layer, and its timeline
+#                                    op path vs persistent MoE block per layer, and its timeline;
+#                                    delta_net_layer_lab's the same for the Gated DeltaNet mixer
 #   LILY_CONTEXTS      CUDA matrix contexts (default 256,1024,4096,16384,65536,131072)
 #   LILY_KV_CACHE      --kv-cache of the CUDA matrix (default: lily's, f32)
 #   LILY_CPU_CONTEXTS  CPU matrix contexts (default 256,512,1024); LILY_THREADS (default 16)
@@ -96,7 +98,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_BUILD_TESTS=O
 # Only what the stages need: the CUDA tests take about half of a fresh machine's build.
 targets=(lily)
 { has_stage tests || has_stage ptx; } && targets+=(cuda_tests)
-has_stage lab && targets+=(moe_layer_lab)
+has_stage lab && targets+=(moe_layer_lab delta_net_layer_lab)
 cmake --build build-gpu --target "${targets[@]}" >>"$out/cmake.log" 2>&1 || { tail -60 "$out/cmake.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 lily=$PWD/build-gpu/lily
@@ -115,6 +117,7 @@ tiny=$PWD/build-gpu/tiny-seed1
 
 if has_stage lab; then
   timeout 120 ./build-gpu/moe_layer_lab 2>&1 | tee "$out/moe_layer_lab.txt" || echo "lab: rc $?"
+  timeout 120 ./build-gpu/delta_net_layer_lab 2>&1 | tee "$out/delta_net_layer_lab.txt" || echo "lab: rc $?"
 fi
 
 if has_stage profile; then
@@ -138,7 +141,8 @@ if has_stage profile; then
   # `lily bench` arms: each context of LILY_PROFILE_CONTEXTS with each arm of LILY_PROFILE_ARMS
   # (default: the default build; nopdl: without programmatic dependent launch; nostream:
   # without the bulk-copy lm_head GEMV; noconv: without the conv inside the delta rule;
-  # nomoelayer: the MoE block's four op-path launches instead of the persistent kernel).
+  # nomoelayer: the MoE block's four op-path launches instead of the persistent kernel;
+  # nodeltanetlayer: the Gated DeltaNet mixer's five op-path launches instead of its kernel).
   for ctx in ${LILY_PROFILE_CONTEXTS//,/ }; do
     for arm in ${LILY_PROFILE_ARMS//,/ }; do
       case $arm in
@@ -149,6 +153,7 @@ if has_stage profile; then
         nostream) flags=(--cuda-disable stream-gemv); env=() ;;
         noconv) flags=(--cuda-disable fused-conv); env=() ;;
         nomoelayer) flags=(--cuda-disable moe-layer); env=() ;;
+        nodeltanetlayer) flags=(--cuda-disable delta-net-layer); env=() ;;
         *) echo "unknown arm $arm"; continue ;;
       esac
       echo -n "ctx $ctx $arm: "

@@ -20,10 +20,13 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/delta_rule_decode.cuh"
 
 namespace lily::cuda {
 
 namespace {
+
+using namespace delta_detail;
 
 // ---- conv1d_silu ----------------------------------------------------------------------------
 // One thread per (channel, tile of kConvTile tokens) keeps the K-1 previous inputs in registers.
@@ -35,8 +38,6 @@ namespace {
 constexpr int kConvThreads = 128;
 constexpr int kConvTile = 32;
 constexpr int kConvMaxKernel = 8;
-
-__device__ __forceinline__ float silu_cpu(float x) { return x * sigmoidf_(x); }  // cpu::silu
 
 template <int K>
 __global__ void __launch_bounds__(kConvThreads, 1)
@@ -137,17 +138,6 @@ constexpr int kChunk = 8;  // tokens per pipeline stage
 // Both are bound by the shared-memory/shuffle pipe: every column's lanes read the token's whole
 // q and k (31 columns x 1 KB per SM per token) and reduce over shuffles.
 constexpr int kLanesPerColumn = 8;
-
-__device__ __forceinline__ float softplus_cpu(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
-
-// The per-token gates of value head h, as the CPU forms them: alpha = exp(-exp(A_log)
-// softplus(a + dt_bias)) (decay_rate = exp(A_log)), beta = sigmoid(b).
-__device__ __forceinline__ float2 delta_gates(float a, float b, float decay_rate, float dt_bias) {
-  return make_float2(expf(-decay_rate * softplus_cpu(a + dt_bias)), sigmoidf_(b));
-}
-
-// 1 / L2 norm of a q or k vector from its sum of squares, with the CPU's epsilon.
-__device__ __forceinline__ float inv_l2_norm(float sum_sq) { return 1.0f / sqrtf(sum_sq + 1e-6f); }
 
 __device__ __forceinline__ void cp_async4(float* smem_dst, const float* gmem_src) {
   const auto dst = static_cast<unsigned>(__cvta_generic_to_shared(smem_dst));
@@ -351,201 +341,15 @@ void launch_delta(const float* conv, const float* a, const float* b, const float
 }
 
 // ---- gated_delta_rule, one token (decode) ------------------------------------------------------
-// Grid (value head h, group of kDecodeCols value columns); 256 threads. Thread t owns the
-// column quad cq = t % 8 (columns c0 + 4 cq .. + 3) of the state rows rg, rg + 32, ... < Dk,
-// rg = t / 8, in registers (float4 loads: a warp reads 4 rows x 128 contiguous bytes).
-// The state only changes in this kernel, one launch per step, so it is loaded *before*
+// Grid (value head h, group of kDecodeCols value columns); one delta_rule_decode.cuh tile per
+// block. The state only changes in this kernel, one launch per step, so it is loaded *before*
 // grid_dependency_wait: under programmatic dependent launch the 2 MB per layer stream in while
 // the projections and the conv still run, and what is left after the wait is the arithmetic.
-// The dot products over the Dk rows reduce over the 4 row groups of a warp (2 xor-shuffles)
-// and then over the 8 warps through shared memory, in a fixed order.
-// Same per-token order as the chunked kernel: S = alpha S; m = S^T k; delta = beta (v - m);
-// S += k delta; o = S^T q.
-constexpr int kDecodeCols = 32;
-constexpr int kDecodeThreads = 256;
-constexpr int kDecodeWarps = kDecodeThreads / 32;
-constexpr int kDecodeRowGroups = kDecodeThreads / (kDecodeCols / 4);  // 32
-
-// The conv fused in front (K > 0, gated_delta_step): the block forms the conv1d + SiLU of the
-// channels it reads (its key head's q and k, its value columns' v) from `mixed`, the carried
-// window and the taps, exactly as conv1d_silu_kernel does, into shared memory. Taps and window
-// are read before the wait (the window only changes in a later launch: WindowShift on the
-// output projection, once every block of this one has read it). K == 0: `conv` holds the conv
-// output (gated_delta_rule).
-struct FusedConv {
-  const float* mixed = nullptr;   // [C] the projection of this token
-  const float* window = nullptr;  // [K-1, C] the previous inputs, oldest first (read only)
-  const float* weight = nullptr;  // [C, K] taps
-};
-
-// Conv + SiLU of one channel: taps[0..K-1], hist = the K-1 previous inputs, x = this token's.
-template <int K>
-__device__ __forceinline__ float conv_silu_one(const float (&taps)[K], const float (&hist)[K - 1],
-                                               float x) {
-  float acc = 0.0f;  // conv1d_silu_kernel's order: tap 0 (oldest) first
-#pragma unroll
-  for (int j = 0; j < K - 1; ++j) acc += taps[j] * hist[j];
-  acc += taps[K - 1] * x;
-  return silu_cpu(acc);
-}
-
 template <int Dk, int K>
-__global__ void __launch_bounds__(kDecodeThreads)
-    gated_delta_decode_kernel(const float* __restrict__ conv, FusedConv fused,
-                              const float* __restrict__ a_in, const float* __restrict__ b_in,
-                              const float* __restrict__ a_log, const float* __restrict__ dt_bias,
-                              float* __restrict__ state, int Hk, int Hv, int Dv, float q_scale,
-                              float* __restrict__ out) {
-  static_assert(Dk % kDecodeRowGroups == 0 && Dk <= 128, "unsupported key_dim");
-  static_assert(2 * Dk <= kDecodeThreads, "one q/k channel per thread");
-  constexpr int R = Dk / kDecodeRowGroups;  // state rows per thread
-  constexpr int kPerLane = Dk / 32;         // q/k elements per lane for the norms
-  __shared__ float4 red[kDecodeWarps][kDecodeCols / 4];
-  // K > 0: the conv outputs this block reads: q | k of its key head, then its value columns.
-  __shared__ float conv_s[K > 0 ? 2 * Dk + kDecodeCols : 1];
-
-  const int h = static_cast<int>(blockIdx.x);
-  const int tid = static_cast<int>(threadIdx.x);
-  const int warp = tid >> 5;
-  const int lane = tid & 31;
-  const int cq = tid % (kDecodeCols / 4);
-  const int rg = tid / (kDecodeCols / 4);
-  const int c = static_cast<int>(blockIdx.y) * kDecodeCols + 4 * cq;  // first column of the quad
-  const bool live = c < Dv;  // Dv % 4 == 0: a quad is all in or all out
-  float4* S = reinterpret_cast<float4*>(state + static_cast<int64_t>(h) * Dk * Dv + c);
-  const int64_t row_quads = Dv / 4;
-
-  float4 s[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    s[r] = live ? S[(rg + kDecodeRowGroups * r) * row_quads] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  }
-  const float decay_rate = expf(a_log[h]);
-  const float bias = dt_bias[h];
-  const int kh = h / (Hv / Hk);
-  const float* q_src;  // [Dk] this key head's q, k; v_src: this thread's 4 value columns
-  const float* k_src;
-  const float* v_src;
-  if constexpr (K > 0) {
-    // Thread t < 2 Dk: q/k channel t of the key head; thread t < kDecodeCols also value
-    // column blockIdx.y * kDecodeCols + t (when < Dv).
-    const int64_t C = 2LL * Hk * Dk + static_cast<int64_t>(Hv) * Dv;
-    const int v_col = static_cast<int>(blockIdx.y) * kDecodeCols + tid;
-    const bool has_qk = tid < 2 * Dk;
-    const bool has_v = tid < kDecodeCols && v_col < Dv;
-    const int64_t qk_ch = tid < Dk ? static_cast<int64_t>(kh) * Dk + tid
-                                    : static_cast<int64_t>(Hk) * Dk + static_cast<int64_t>(kh) * Dk + (tid - Dk);
-    const int64_t v_ch = 2LL * Hk * Dk + static_cast<int64_t>(h) * Dv + v_col;
-    float qk_taps[K], v_taps[K];
-    float qk_hist[K - 1], v_hist[K - 1];
-#pragma unroll
-    for (int j = 0; j < K; ++j) {
-      qk_taps[j] = has_qk ? fused.weight[qk_ch * K + j] : 0.0f;
-      v_taps[j] = has_v ? fused.weight[v_ch * K + j] : 0.0f;
-    }
-#pragma unroll
-    for (int j = 0; j < K - 1; ++j) {
-      qk_hist[j] = has_qk ? fused.window[j * C + qk_ch] : 0.0f;
-      v_hist[j] = has_v ? fused.window[j * C + v_ch] : 0.0f;
-    }
-    grid_dependency_wait();
-    if (has_qk) conv_s[tid] = conv_silu_one<K>(qk_taps, qk_hist, fused.mixed[qk_ch]);
-    if (has_v) conv_s[2 * Dk + tid] = conv_silu_one<K>(v_taps, v_hist, fused.mixed[v_ch]);
-    __syncthreads();
-    q_src = conv_s;
-    k_src = conv_s + Dk;
-    v_src = conv_s + 2 * Dk + 4 * cq;
-  } else {
-    q_src = conv + static_cast<int64_t>(kh) * Dk;
-    k_src = conv + static_cast<int64_t>(Hk) * Dk + static_cast<int64_t>(kh) * Dk;
-    v_src = conv + 2LL * Hk * Dk + static_cast<int64_t>(h) * Dv + c;
-    grid_dependency_wait();
-  }
-
-  // q and k of the key head, L2-normalised (every warp forms the norms itself).
-  float qsq = 0.0f;
-  float ksq = 0.0f;
-#pragma unroll
-  for (int m = 0; m < kPerLane; ++m) {
-    const float qv = q_src[lane + 32 * m];
-    const float kv = k_src[lane + 32 * m];
-    qsq += qv * qv;
-    ksq += kv * kv;
-  }
-  const float q_inv = inv_l2_norm(warp_sum(qsq));
-  const float k_inv = inv_l2_norm(warp_sum(ksq));
-  float qq[R];
-  float kk[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int i = rg + kDecodeRowGroups * r;
-    qq[r] = q_src[i] * q_inv * q_scale;  // as the CPU: normalised, then scaled
-    kk[r] = k_src[i] * k_inv;
-  }
-  const float2 gates = delta_gates(a_in[h], b_in[h], decay_rate, bias);
-  const float alpha = gates.x;
-  const float beta = gates.y;
-
-  // Sum over the block's row groups of one float4 per thread; every thread gets its quad's.
-  const auto column_sum = [&](float4 v) {
-#pragma unroll
-    for (int offset = kDecodeCols / 4; offset < 32; offset *= 2) {
-      v.x += __shfl_xor_sync(0xffffffffu, v.x, offset);
-      v.y += __shfl_xor_sync(0xffffffffu, v.y, offset);
-      v.z += __shfl_xor_sync(0xffffffffu, v.z, offset);
-      v.w += __shfl_xor_sync(0xffffffffu, v.w, offset);
-    }
-    __syncthreads();  // red may still be read from the previous sum
-    if (lane < kDecodeCols / 4) red[warp][lane] = v;
-    __syncthreads();
-    float4 total = red[0][cq];
-#pragma unroll
-    for (int w = 1; w < kDecodeWarps; ++w) {
-      const float4 p = red[w][cq];
-      total = make_float4(total.x + p.x, total.y + p.y, total.z + p.z, total.w + p.w);
-    }
-    return total;
-  };
-
-  float4 part = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    s[r] = make_float4(s[r].x * alpha, s[r].y * alpha, s[r].z * alpha, s[r].w * alpha);
-    part.x = fmaf(s[r].x, kk[r], part.x);
-    part.y = fmaf(s[r].y, kk[r], part.y);
-    part.z = fmaf(s[r].z, kk[r], part.z);
-    part.w = fmaf(s[r].w, kk[r], part.w);
-  }
-  const float4 kv = column_sum(part);
-  float4 delta = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-  if (live) {
-    delta = make_float4(beta * (v_src[0] - kv.x), beta * (v_src[1] - kv.y),
-                        beta * (v_src[2] - kv.z), beta * (v_src[3] - kv.w));
-  }
-  float4 opart = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    s[r].x = fmaf(kk[r], delta.x, s[r].x);
-    s[r].y = fmaf(kk[r], delta.y, s[r].y);
-    s[r].z = fmaf(kk[r], delta.z, s[r].z);
-    s[r].w = fmaf(kk[r], delta.w, s[r].w);
-    opart.x = fmaf(s[r].x, qq[r], opart.x);
-    opart.y = fmaf(s[r].y, qq[r], opart.y);
-    opart.z = fmaf(s[r].z, qq[r], opart.z);
-    opart.w = fmaf(s[r].w, qq[r], opart.w);
-  }
-  const float4 o = column_sum(opart);
-  allow_dependent_launch();
-  if (!live) return;
-#pragma unroll
-  for (int r = 0; r < R; ++r) S[(rg + kDecodeRowGroups * r) * row_quads] = s[r];
-  if (rg == 0) {
-    float* o_col = out + static_cast<int64_t>(h) * Dv + c;
-    o_col[0] = o.x;
-    o_col[1] = o.y;
-    o_col[2] = o.z;
-    o_col[3] = o.w;
-  }
+__global__ void __launch_bounds__(kDecodeThreads) gated_delta_decode_kernel(DeltaDecodeArgs args) {
+  delta_decode_tile<Dk, K, false>(
+      args, static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
+      [] { grid_dependency_wait(); }, [] { allow_dependent_launch(); });
 }
 
 template <int Dk, int K = 0>
@@ -554,8 +358,9 @@ void launch_delta_decode(const float* conv, const float* a, const float* b, cons
                          float* out, Stream s, const FusedConv& fused = FusedConv{}) {
   const dim3 grid(static_cast<unsigned>(d.value_heads),
                   static_cast<unsigned>((d.value_dim + kDecodeCols - 1) / kDecodeCols));
-  launch(gated_delta_decode_kernel<Dk, K>, grid, kDecodeThreads, 0, s, conv, fused, a, b, a_log,
-         dt_bias, state, d.key_heads, d.value_heads, d.value_dim, q_scale, out);
+  const DeltaDecodeArgs args{conv, fused, a, b, a_log, dt_bias, state, d.key_heads,
+                             d.value_heads, d.value_dim, q_scale, out};
+  launch(gated_delta_decode_kernel<Dk, K>, grid, kDecodeThreads, 0, s, args);
 }
 
 // One token: the decode kernel above. A few tokens: 8 columns per block for more, smaller blocks

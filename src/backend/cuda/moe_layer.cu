@@ -19,8 +19,10 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/grid_barrier.cuh"
 #include "backend/cuda/moe_route.cuh"
 #include "backend/cuda/quant_dot.cuh"
+#include "backend/cuda/residual_norm.cuh"
 
 namespace lily::cuda {
 
@@ -28,8 +30,8 @@ using gemv_detail::Chunk;
 
 namespace {
 
-constexpr int kThreads = 256;  // the register-resident norm's block size (norms.cu)
-constexpr int kWarps = kThreads / 32;
+constexpr int kThreads = kPersistentThreads;  // residual_norm.cuh
+constexpr int kWarps = kPersistentWarps;
 constexpr int kSwigluRows = 4;  // rows per SwiGLU unit, as moe_gemv.cu (any count gives the same values)
 // The shared expert's units (phase 1) take one row each: its 512 rows then spread over 512
 // pairs of warps instead of 128, so the first barrier does not wait on a few long units.
@@ -37,67 +39,11 @@ constexpr int kSharedSwigluRows = 1;
 constexpr int kDownRows = 1;    // rows per down unit (moe_gemv.cu takes 2; a row's values do not depend on it)
 constexpr int kDownUnroll = 8;  // items per lane per trip, as moe_gemv.cu
 
-// Data written by another block of this launch is read through L2 (ld.global.cg): the
-// non-coherent path (__ldg) and L1 may hold stale copies.
-__device__ __forceinline__ float load_shared_result(const float* p) { return __ldcg(p); }
-
-__device__ __forceinline__ unsigned long long load_acquire(const unsigned long long* p) {
-  unsigned long long v;
-  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
-// Every block of the grid waits in grid_barrier until all have arrived. The counter only grows
-// (never reset): arrival `a` belongs to barrier instance a / gridDim.x, and a block cannot
-// arrive at instance i + 1 before all have arrived at i. Every launch on one counter must use
-// the same grid size (the plan fixes it), and blocks must be co-resident (checked at plan
-// build). It comes in two halves, so that a block can issue loads that depend on no other
-// block (weights) between its arrival and its wait: grid_arrive's fence orders only what came
-// before it, so such loads overlap the wait instead of delaying the arrival. grid_arrive
-// returns the count to wait for (meaningful in thread 0).
-__device__ __forceinline__ unsigned long long grid_arrive(unsigned long long* counter) {
-  __syncthreads();
-  unsigned long long target = 0;
-  if (threadIdx.x == 0) {
-    __threadfence();  // this block's writes before its arrival
-    const unsigned long long arrived = atomicAdd(counter, 1ull);
-    target = (arrived / gridDim.x + 1) * gridDim.x;
-  }
-  return target;
-}
-__device__ __forceinline__ void grid_wait(unsigned long long* counter, unsigned long long target) {
-  if (threadIdx.x == 0) {
-    while (load_acquire(counter) < target) {
-    }
-    __threadfence();
-  }
-  __syncthreads();
-}
-__device__ __forceinline__ void grid_barrier(unsigned long long* counter) {
-  grid_wait(counter, grid_arrive(counter));
-}
-
 __device__ __forceinline__ void stamp(const MoeLayerParams& p, int phase) {
   if (p.timeline == nullptr || threadIdx.x != 0) return;
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   p.timeline[blockIdx.x * kMoeLayerStamps + phase] = t;
-}
-
-// Block sum as norms.cu's block_sum: warp sums, then every thread adds the 8 partials in order.
-__device__ __forceinline__ float norm_block_sum(float v, float* partial) {
-  v = warp_sum(v);
-  __syncthreads();  // partial may still be read from an earlier call
-  if ((threadIdx.x & 31) == 0) partial[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float total = 0.0f;
-#pragma unroll
-  for (int w = 0; w < kWarps; ++w) total += partial[w];
-  return total;
-}
-
-__device__ __forceinline__ float inv_rms(float sum_sq, int64_t dim, float eps) {
-  return 1.0f / sqrtf(sum_sq / static_cast<float>(dim) + eps);
 }
 
 // The staged copies of the normalised input: one swizzled for the router's code width, one
@@ -112,85 +58,14 @@ __device__ __forceinline__ void store_normed(float4* for_router, float4* for_exp
 }
 
 // residual + delta into `sums` and its RMSNorm, staged twice; block 0 also writes normed (the
-// residual is written after the first barrier: other blocks read it until then). Same
-// arithmetic as norm_warp_kernel<add> (H <= 256) or norm_vec_kernel<add, V> (H > 256).
-template <int RB, int EB, int V>
+// residual is written after the first barrier: other blocks read it until then).
+template <int RB, int EB>
 __device__ void stage_norm(const MoeLayerParams& p, float4* for_router, float4* for_experts,
                            float* sums, float* partial) {
-  const int64_t H = p.hidden;
-  if (H <= 256) {
-    // norm_warp_kernel: lane l holds values l + 32c; warp 0 does it, the others wait.
-    if (threadIdx.x < 32) {
-      const int lane = static_cast<int>(threadIdx.x);
-      float v[8];
-      float sum_sq = 0.0f;
-#pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        const int64_t i = lane + 32 * c;
-        v[c] = 0.0f;
-        if (i < H) {
-          v[c] = p.residual[i] + p.delta[i];
-          sum_sq = fmaf(v[c], v[c], sum_sq);
-        }
-      }
-      const float inv = inv_rms(warp_sum(sum_sq), H, p.eps);
-#pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        const int64_t i = lane + 32 * c;
-        if (i < H) sums[i] = v[c];
-        if (i < H) v[c] = v[c] * inv * p.norm_gain[i];
-        if (i < H && blockIdx.x == 0) p.normed[i] = v[c];
-      }
-      __syncwarp();
-#pragma unroll
-      for (int c = 0; c < 8; ++c) {
-        const int64_t i = lane + 32 * c;
-        if (i < H) sums[H + i] = v[c];  // the normed row, after the sums
-      }
-    }
-    __syncthreads();
-    for (int64_t q = threadIdx.x; q < H / 4; q += kThreads) {
-      const float* o = sums + H + 4 * q;
-      store_normed<RB, EB>(for_router, for_experts, q, make_float4(o[0], o[1], o[2], o[3]));
-    }
-    return;
-  }
-  // norm_vec_kernel: thread t holds float4s t, t + 256, ...
-  const int64_t quads = H / 4;
-  const auto* r = reinterpret_cast<const float4*>(p.residual);
-  const auto* d = reinterpret_cast<const float4*>(p.delta);
-  float4 sum[V];
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    const int64_t q = threadIdx.x + static_cast<int64_t>(i) * kThreads;
-    sum[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-    if (q < quads) {
-      const float4 a = r[q];
-      const float4 b = d[q];
-      sum[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-      reinterpret_cast<float4*>(sums)[q] = sum[i];
-    }
-  }
-  float sum_sq = 0.0f;
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    sum_sq = fmaf(sum[i].x, sum[i].x, sum_sq);
-    sum_sq = fmaf(sum[i].y, sum[i].y, sum_sq);
-    sum_sq = fmaf(sum[i].z, sum[i].z, sum_sq);
-    sum_sq = fmaf(sum[i].w, sum[i].w, sum_sq);
-  }
-  const float inv = inv_rms(norm_block_sum(sum_sq, partial), H, p.eps);
-  const auto* g = reinterpret_cast<const float4*>(p.norm_gain);
-#pragma unroll
-  for (int i = 0; i < V; ++i) {
-    const int64_t q = threadIdx.x + static_cast<int64_t>(i) * kThreads;
-    if (q >= quads) continue;
-    const float4 gq = g[q];
-    const float4 o = make_float4(sum[i].x * inv * gq.x, sum[i].y * inv * gq.y,
-                                 sum[i].z * inv * gq.z, sum[i].w * inv * gq.w);
-    store_normed<RB, EB>(for_router, for_experts, q, o);
-    if (blockIdx.x == 0) reinterpret_cast<float4*>(p.normed)[q] = o;
-  }
+  const ResidualNormArgs args{p.residual, p.delta, p.norm_gain, p.normed, p.hidden, p.eps};
+  residual_norm_any(args, sums, partial, [&](int64_t q, float4 v) {
+    store_normed<RB, EB>(for_router, for_experts, q, v);
+  });
 }
 
 // Rows [0, E) of the router and row E (the shared expert's gate) for one token, a lane segment
@@ -587,11 +462,7 @@ __global__ void __launch_bounds__(kThreads, 2) moe_layer_kernel(MoeLayerParams p
   float4* for_router = smem;
   float4* for_experts = smem + H / 4;
   float* sums = reinterpret_cast<float*>(smem + H / 2);
-  if (H <= 2048) {
-    stage_norm<RB, EB, 2>(p, for_router, for_experts, sums, partial);
-  } else {
-    stage_norm<RB, EB, 4>(p, for_router, for_experts, sums, partial);
-  }
+  stage_norm<RB, EB>(p, for_router, for_experts, sums, partial);
   __syncthreads();
   stamp(p, 1);
   router_phase<RB>(p, for_router, warp, warps);

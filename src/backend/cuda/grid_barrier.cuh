@@ -1,0 +1,49 @@
+// Grid-wide barriers of the decode plan's persistent kernels (moe_layer.cu, delta_net_layer.cu):
+// a monotonic arrival counter in global memory, and the L2 loads of data other blocks wrote.
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace lily::cuda {
+
+// Data written by another block of this launch is read through L2 (ld.global.cg): the
+// non-coherent path (__ldg) and L1 may hold stale copies.
+__device__ __forceinline__ float load_shared_result(const float* p) { return __ldcg(p); }
+
+__device__ __forceinline__ unsigned long long load_acquire(const unsigned long long* p) {
+  unsigned long long v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// Every block of the grid waits in grid_barrier until all have arrived. The counter only grows
+// (never reset): arrival `a` belongs to barrier instance a / gridDim.x, and a block cannot
+// arrive at instance i + 1 before all have arrived at i. Every launch on one counter must use
+// the same grid size (the plan fixes it), and blocks must be co-resident (checked at plan
+// build). It comes in two halves, so that a block can issue loads that depend on no other
+// block (weights) between its arrival and its wait: grid_arrive's fence orders only what came
+// before it, so such loads overlap the wait instead of delaying the arrival. grid_arrive
+// returns the count to wait for (meaningful in thread 0).
+__device__ __forceinline__ unsigned long long grid_arrive(unsigned long long* counter) {
+  __syncthreads();
+  unsigned long long target = 0;
+  if (threadIdx.x == 0) {
+    __threadfence();  // this block's writes before its arrival
+    const unsigned long long arrived = atomicAdd(counter, 1ull);
+    target = (arrived / gridDim.x + 1) * gridDim.x;
+  }
+  return target;
+}
+__device__ __forceinline__ void grid_wait(unsigned long long* counter, unsigned long long target) {
+  if (threadIdx.x == 0) {
+    while (load_acquire(counter) < target) {
+    }
+    __threadfence();
+  }
+  __syncthreads();
+}
+__device__ __forceinline__ void grid_barrier(unsigned long long* counter) {
+  grid_wait(counter, grid_arrive(counter));
+}
+
+}  // namespace lily::cuda
