@@ -11,7 +11,6 @@
 #include <string_view>
 
 #include "backend/decode_plan.h"
-#include "backend/delta_net_dims.h"
 #include "backend/fault_injection.h"
 #include "backend/sampling.h"
 #include "checkpoint/weights.h"
@@ -27,6 +26,15 @@ struct AttentionDims {
   int64_t head_dim = 0;    // 256
   int64_t rotary_dim = 0;  // 64: NeoX rotate-half over the first rotary_dim dims
   double rope_theta = 0;   // 1e7
+};
+
+struct GatedDeltaNetDims {
+  int64_t key_heads = 0;    // 16 (tiny 2)
+  int64_t value_heads = 0;  // 32 (tiny 4); value head h reads key head h / (value_heads / key_heads)
+  int64_t key_dim = 0;      // 128
+  int64_t value_dim = 0;    // 128
+  int64_t conv_kernel = 0;  // 4
+  int64_t channels() const { return 2 * key_heads * key_dim + value_heads * value_dim; }
 };
 
 // The sequence position of an op's first token. When `device` is set it points at an i32 in

@@ -6,8 +6,6 @@
 #include <cstdint>
 #include <string>
 
-#include "backend/delta_net_dims.h"
-
 namespace lily {
 
 // The model's buffers that the MoE block of a decode step reads and writes (backend memory,
@@ -25,29 +23,12 @@ struct MoeBlockBuffers {
   float* shared_h = nullptr;       // [S] scratch
 };
 
-// The model's buffers that the Gated DeltaNet mixer of a decode step reads and writes (backend
-// memory, f32; H = hidden, C = the conv channels 2 Hk Dk + Hv Dv, Hv value heads of Dv).
-struct DeltaNetBlockBuffers {
-  float* residual = nullptr;     // [H] in/out: residual += delta (when the norm is owed)
-  float* delta = nullptr;        // [H] in: the previous block's output; out: the mixer's output
-  float* normed = nullptr;       // [H] out: rms_norm(residual) * input_norm (in, when not owed)
-  float* mixed = nullptr;        // [C] scratch: the qkv projection
-  float* z = nullptr;            // [Hv Dv] scratch
-  float* a = nullptr;            // [Hv] scratch
-  float* b = nullptr;            // [Hv] scratch
-  float* conv_window = nullptr;  // [K-1, C] in/out: the layer's carried conv inputs
-  float* state = nullptr;        // [Hv, Dk, Dv] in/out: the layer's recurrent state
-  float* core_out = nullptr;     // [Hv Dv] scratch: the delta rule's output
-  float* gated = nullptr;        // [Hv Dv] scratch: the gated norm's output
-};
-
 // What a plan needs besides the weights (from the model shape).
 struct DecodePlanShape {
   int64_t hidden = 0;
   int64_t experts = 0;
   int64_t experts_per_token = 0;
   float eps = 0.0f;  // the RMSNorm epsilon
-  GatedDeltaNetDims delta_net;  // all zero: no Gated DeltaNet layers to plan for
 };
 
 class DecodePlan {
@@ -65,14 +46,6 @@ class DecodePlan {
   // How many MoE blocks went through moe_block: recorded or eager calls (a replayed graph
   // does not pass through the host). Tests of the fast path assert it rose.
   virtual uint64_t moe_blocks_run() const = 0;
-
-  // Whether delta_net_block may be called for the Gated DeltaNet layers.
-  virtual bool has_delta_net_block() const = 0;
-  // Layer `layer`'s Gated DeltaNet mixer for one token, with the results of the op path's
-  // [add_rms_norm (input_norm) when add_norm] + matmul_group(qkv | z | a | b) +
-  // gated_delta_net_mixer, bit for bit. add_norm false: normed already holds the normalised input (the first layer).
-  virtual void delta_net_block(size_t layer, bool add_norm, const DeltaNetBlockBuffers& buffers) = 0;
-  virtual uint64_t delta_net_blocks_run() const = 0;
 };
 
 }  // namespace lily

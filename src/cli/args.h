@@ -77,7 +77,7 @@ std::string environment_name(const std::string& prefix, const std::string& optio
 void check_device_option(const Args& args);
 
 // --cuda-disable LIST (run, serve, bench): the CUDA paths to switch off, comma separated
-// (pdl, stream-gemv, fused-conv, moe-layer, delta-net-layer; absent: all on). An unknown name is an InputError naming the
+// (pdl, stream-gemv, fused-conv, moe-layer; absent: all on). An unknown name is an InputError naming the
 // valid ones, and so is a list with --device cpu, where it could not apply.
 CudaOptions cuda_options_from(const Args& args);
 

@@ -54,7 +54,7 @@ Qwen36Model::Qwen36Model(const Checkpoint& checkpoint, Backend& backend, int64_t
   record_ = backend_.alloc_i32(TokenRecordLayout::kWords);
   plan_ = backend_.make_decode_plan(
       weights_, DecodePlanShape{static_cast<int64_t>(H), static_cast<int64_t>(s.num_experts),
-                                static_cast<int64_t>(k), eps_, gdn_dims_});
+                                static_cast<int64_t>(k), eps_});
 }
 
 std::string Qwen36Model::decode_path() const {
@@ -113,7 +113,7 @@ void Qwen36Model::layers_forward(DecodeState& state, SeqPos pos, int64_t n) {
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
     const LayerWeights& layer = weights_.layers[i];
     if (layer.kind == LayerKind::linear_attention) {
-      delta_net_mixer(i, state.delta_net[i], n, pending);
+      delta_net_mixer(layer, state.delta_net[i], n, pending);
     } else {
       attention_mixer(layer, state.attention[i], state.capacity, pos, n, pending);
     }
@@ -199,21 +199,10 @@ void Qwen36Model::decode_step(DecodeState& state, const TokenChoice& choice) {
   state.device_position_value += 1;
 }
 
-void Qwen36Model::delta_net_mixer(size_t index, DecodeState::DeltaNetState& s, int64_t n,
-                                  const DenseView* pending_norm) {
+void Qwen36Model::delta_net_mixer(const LayerWeights& layer, DecodeState::DeltaNetState& s,
+                                  int64_t n, const DenseView* pending_norm) {
   Backend& be = backend_;
-  const LayerWeights& layer = weights_.layers[index];
   const GatedDeltaNetWeights& w = layer.gdn;
-  // One token: the plan's fused mixer, with the norm still owed (every layer but the first) or
-  // already applied.
-  if (n == 1 && plan_ != nullptr && plan_->has_delta_net_block() &&
-      (pending_norm == nullptr || pending_norm == &layer.input_norm)) {
-    plan_->delta_net_block(index, pending_norm != nullptr,
-                           DeltaNetBlockBuffers{residual_, delta_, normed_, mixed_, z_, a_, b_,
-                                                s.conv_window, s.recurrent, gdn_out_,
-                                                gdn_normed_});
-    return;
-  }
   const int64_t C = gdn_dims_.channels();
   const int64_t Hv = gdn_dims_.value_heads;
   const int64_t Dv = gdn_dims_.value_dim;

@@ -96,8 +96,7 @@ class Qwen36Model {
   // The projections that read normed_: matmul_group on normed_, after residual_ += delta_ and
   // normed_ = rms_norm(residual_) * pending_norm when pending_norm is set.
   void project(std::span<const MatmulTarget> targets, int64_t n, const DenseView* pending_norm);
-  // Layer `index`'s Gated DeltaNet mixer (the decode plan's kernel for one token, when it has it).
-  void delta_net_mixer(size_t index, DecodeState::DeltaNetState& s, int64_t n,
+  void delta_net_mixer(const LayerWeights& layer, DecodeState::DeltaNetState& s, int64_t n,
                        const DenseView* pending_norm);
   void attention_mixer(const LayerWeights& layer, DecodeState::AttentionCache& cache,
                        int64_t capacity, SeqPos start_pos, int64_t n,

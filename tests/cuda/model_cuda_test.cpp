@@ -86,11 +86,9 @@ void expect_decode_tracks_cpu(Backend& gpu, const char* label) {
     DecodeState state(*be, checkpoint.config.shape, 64);
     results.push_back(generate(model, state, prompt, options));
     if (be == &gpu) {
-      // The decode plan's persistent MoE block and Gated DeltaNet mixer are the default
-      // one-token path on CUDA.
+      // The decode plan's persistent MoE block is the default one-token path on CUDA.
       ASSERT_NE(model.decode_plan(), nullptr);
       EXPECT_GT(model.decode_plan()->moe_blocks_run(), 0u) << model.decode_path();
-      EXPECT_GT(model.decode_plan()->delta_net_blocks_run(), 0u) << model.decode_path();
     }
   }
   const GenerationResult& cuda = results[0];
@@ -205,38 +203,34 @@ TEST_F(FullCheckpoint, DigestIsIdenticalAcrossRuns) {
               static_cast<unsigned long long>(first.digest));
 }
 
-// Part 5 of issue 18: the persistent kernels (the default) and the op path each replaces
-// (--cuda-disable moe-layer, --cuda-disable delta-net-layer) give the same 64 greedy tokens and
-// digest on the full checkpoint, eager first step and graph replays alike: the kernels sum in
-// the op path's order.
-TEST_F(FullCheckpoint, PersistentKernelsGiveTheOpPathsTokens) {
+// Part 5 of issue 18: the persistent MoE block (the default) and the op path it replaces
+// (--cuda-disable moe-layer) give the same 64 greedy tokens and digest on the full checkpoint,
+// eager first step and graph replays alike: the block sums in the op path's order.
+TEST_F(FullCheckpoint, PersistentMoeBlockGivesTheOpPathsTokens) {
   LILY_CUDA_BACKEND_OR_SKIP(be);
+  std::string why;
+  const std::unique_ptr<Backend> ops = cuda_backend_or_null(CudaOptions::disabling("moe-layer"), &why);
+  ASSERT_TRUE(ops) << why;
   BenchOptions options;
   options.prompt_len = 256;
   options.decode_steps = 64;
-  const auto blocks_of = [](const Qwen36Model& model, const std::string& path) -> uint64_t {
-    const DecodePlan* plan = model.decode_plan();
-    if (plan == nullptr) return 0;
-    return path == "moe-layer" ? plan->moe_blocks_run() : plan->delta_net_blocks_run();
-  };
-  Qwen36Model fused_model(*checkpoint_, *be, kCudaChunk);
-  DecodeState fused_state(*be, checkpoint_->config.shape, 1024);
-  const BenchMeasurement fused = run_bench(fused_model, fused_state, options);
-  for (const std::string path : {"moe-layer", "delta-net-layer"}) {
-    EXPECT_GT(blocks_of(fused_model, path), 0u) << path << ": " << fused_model.decode_path();
-    std::string why;
-    const std::unique_ptr<Backend> ops = cuda_backend_or_null(CudaOptions::disabling(path), &why);
-    ASSERT_TRUE(ops) << why;
-    Qwen36Model model(*checkpoint_, *ops, kCudaChunk);
-    DecodeState state(*ops, checkpoint_->config.shape, 1024);
-    const BenchMeasurement run = run_bench(model, state, options);
-    EXPECT_EQ(blocks_of(model, path), 0u) << path << ": " << model.decode_path();
-    EXPECT_EQ(fused.tokens, run.tokens) << path;
-    EXPECT_EQ(fused.digest, run.digest) << path;
-    std::printf("[cuda] full checkpoint, prompt 256: digest %016llx with the persistent kernels, "
-                "%016llx with --cuda-disable %s\n", static_cast<unsigned long long>(fused.digest),
-                static_cast<unsigned long long>(run.digest), path.c_str());
+  std::vector<BenchMeasurement> runs;
+  for (Backend* b : {be.get(), ops.get()}) {
+    Qwen36Model model(*checkpoint_, *b, kCudaChunk);
+    DecodeState state(*b, checkpoint_->config.shape, 1024);
+    runs.push_back(run_bench(model, state, options));
+    const uint64_t blocks = model.decode_plan() != nullptr ? model.decode_plan()->moe_blocks_run() : 0;
+    if (b == be.get()) {
+      EXPECT_GT(blocks, 0u) << model.decode_path();
+    } else {
+      EXPECT_EQ(blocks, 0u) << model.decode_path();
+    }
   }
+  EXPECT_EQ(runs[0].tokens, runs[1].tokens);
+  EXPECT_EQ(runs[0].digest, runs[1].digest);
+  std::printf("[cuda] full checkpoint, prompt 256: digest %016llx with the persistent MoE block, "
+              "%016llx on the op path\n", static_cast<unsigned long long>(runs[0].digest),
+              static_cast<unsigned long long>(runs[1].digest));
 }
 
 TEST_F(FullCheckpoint, FirstStepLogitsAreCloseToTheCpu) {

@@ -109,7 +109,7 @@ void check_block(const Shape& s, uint64_t seed) {
   model.layers.push_back(layer.weights());
   model.layers.push_back(layer.weights());  // a second layer: the plan indexes layers
   const std::unique_ptr<DecodePlan> plan =
-      be->make_decode_plan(model, DecodePlanShape{s.H, s.E, s.k, kEps, {}});
+      be->make_decode_plan(model, DecodePlanShape{s.H, s.E, s.k, kEps});
   ASSERT_NE(plan, nullptr);
   ASSERT_TRUE(plan->has_moe_block()) << s.label << ": " << plan->describe();
   std::printf("[plan] %s: %s\n", s.label.c_str(), plan->describe().c_str());
@@ -198,11 +198,11 @@ TEST(CudaDecodePlan, TurnedOffTheBlockRunsTheOps) {
   const MoeLayer layer(rng, 256, 32, 128, 128, 8);
   ModelWeights model;
   model.layers.push_back(layer.weights());
-  const std::unique_ptr<DecodePlan> on = be->make_decode_plan(model, DecodePlanShape{256, 32, 8, kEps, {}});
+  const std::unique_ptr<DecodePlan> on = be->make_decode_plan(model, DecodePlanShape{256, 32, 8, kEps});
   ASSERT_NE(on, nullptr);
   EXPECT_TRUE(on->has_moe_block()) << "on by default: " << on->describe();
   const std::unique_ptr<DecodePlan> plan =
-      off->make_decode_plan(model, DecodePlanShape{256, 32, 8, kEps, {}});
+      off->make_decode_plan(model, DecodePlanShape{256, 32, 8, kEps});
   ASSERT_NE(plan, nullptr);
   EXPECT_FALSE(plan->has_moe_block());
   EXPECT_NE(plan->describe().find("--cuda-disable moe-layer"), std::string::npos) << plan->describe();
@@ -216,7 +216,7 @@ TEST(CudaDecodePlan, UnsupportedShapesSayWhyAndRefuseTheBlock) {
   model.layers.push_back(layer.weights());
   // k = 17: above the fused routing's 16.
   const std::unique_ptr<DecodePlan> plan =
-      be->make_decode_plan(model, DecodePlanShape{256, 32, 17, kEps, {}});
+      be->make_decode_plan(model, DecodePlanShape{256, 32, 17, kEps});
   ASSERT_NE(plan, nullptr);
   EXPECT_FALSE(plan->has_moe_block());
   EXPECT_NE(plan->describe().find("op path"), std::string::npos) << plan->describe();

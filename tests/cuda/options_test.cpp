@@ -62,7 +62,7 @@ ProbeResult probe(Backend& be) {
 TEST(CudaOptions, EachDisabledPathStaysAtZero) {
   LILY_CUDA_BACKEND_OR_SKIP(be);
   const std::string path = be->code_path();
-  EXPECT_NE(path.find("options: pdl on, stream-gemv on, fused-conv on, moe-layer on, delta-net-layer on"), std::string::npos) << path;
+  EXPECT_NE(path.find("options: pdl on, stream-gemv on, fused-conv on, moe-layer on"), std::string::npos) << path;
   const bool pdl = path.find("programmatic dependent launch on") != std::string::npos;
   const bool streams = path.find("bulk-copy lm_head GEMV on") != std::string::npos;
   const ProbeResult base = probe(*be);

@@ -35,7 +35,6 @@
 #                                    LILY_PROFILE_CONTEXTS (default 256) for each of
 #                                    LILY_PROFILE_ARMS (default: default,nopdl; also
 #                                    nostream, noconv, nomoelayer: --cuda-disable moe-layer,
-#                                    nodeltanetlayer: --cuda-disable delta-net-layer,
 #                                    kvf32 / kvbf16: --kv-cache f32 / bf16); LILY_NCU=0 skips Nsight Compute;
 #                                    LILY_NCU_DETAIL=<regex>: full sections of one kernel
 #                        lab         the kernel lab (tools/lab/, -DLILY_BUILD_LAB=ON): moe_layer_lab's
@@ -141,8 +140,7 @@ if has_stage profile; then
   # `lily bench` arms: each context of LILY_PROFILE_CONTEXTS with each arm of LILY_PROFILE_ARMS
   # (default: the default build; nopdl: without programmatic dependent launch; nostream:
   # without the bulk-copy lm_head GEMV; noconv: without the conv inside the delta rule;
-  # nomoelayer: the MoE block's four op-path launches instead of the persistent kernel;
-  # nodeltanetlayer: the Gated DeltaNet mixer's five op-path launches instead of its kernel).
+  # nomoelayer: the MoE block's four op-path launches instead of the persistent kernel).
   for ctx in ${LILY_PROFILE_CONTEXTS//,/ }; do
     for arm in ${LILY_PROFILE_ARMS//,/ }; do
       case $arm in
@@ -153,7 +151,6 @@ if has_stage profile; then
         nostream) flags=(--cuda-disable stream-gemv); env=() ;;
         noconv) flags=(--cuda-disable fused-conv); env=() ;;
         nomoelayer) flags=(--cuda-disable moe-layer); env=() ;;
-        nodeltanetlayer) flags=(--cuda-disable delta-net-layer); env=() ;;
         *) echo "unknown arm $arm"; continue ;;
       esac
       echo -n "ctx $ctx $arm: "

@@ -1,12 +1,12 @@
 // Kernel lab (not a test, not built by default): times the Gated DeltaNet mixer of one decode
 // token on model-shaped random weights, as the op path's five launches and as
 // delta_net_layer's one persistent launch, each in a CUDA graph over 8 layers, and prints
-// delta_net_layer's phase timeline.
-// Build: cmake -DLILY_BUILD_LAB=ON, target delta_net_layer_lab.
+// delta_net_layer's phase timeline; first it checks that one layer's outputs are bit-identical
+// to the op path's. Build: cmake -DLILY_BUILD_LAB=ON, target delta_net_layer_lab.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -14,6 +14,7 @@
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
+#include "delta_net_layer.cuh"
 #include "lab_support.cuh"
 
 using namespace lily::cuda;
@@ -114,20 +115,62 @@ int main() {
     gemv_batch(in, 4, p.normed, 1, s);
     gated_delta_step(p.mixed, p.window, p.conv_weight, p.a, p.b, p.a_log, p.dt_bias, p.state,
                      p.shape, p.core_out, s);
-    gated_rms_norm(p.core_out, p.z, p.gated_norm_gain, Hv, Dv, p.eps, gated, s);
+    gated_rms_norm(p.core_out, p.z, p.gated_norm_gain, Hv, Dv, p.eps, p.gated, s);
     const GemvTarget out{p.out_proj, 0, H, p.out};
-    gemv_batch(&out, 1, gated, 1, s, WindowShift{p.mixed, p.window, C, K});
+    gemv_batch(&out, 1, p.gated, 1, s, WindowShift{p.mixed, p.window, C, K});
   };
-  cudaGraph_t graph;
-  cudaGraphExec_t op_graph, fused_graph;
-  LILY_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (const auto& p : layers) ops(p);
-  LILY_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  LILY_CUDA_CHECK(cudaGraphInstantiate(&op_graph, graph, 0));
-  LILY_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (const auto& p : layers) delta_net_layer(p, grid, s);
-  LILY_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  LILY_CUDA_CHECK(cudaGraphInstantiate(&fused_graph, graph, 0));
+
+  // Bit identity: layer 0 on two copies of every buffer, the op path on one, the kernel on the
+  // other, twice in a row (the window and the state carry).
+  {
+    using Field = float* DeltaNetLayerParams::*;
+    struct Buffer {
+      Field field;
+      int64_t count;
+      const char* name;
+    };
+    const Buffer buffers[] = {{&DeltaNetLayerParams::residual, H, "residual"},
+                              {&DeltaNetLayerParams::normed, H, "normed"},
+                              {&DeltaNetLayerParams::mixed, C, "mixed"},
+                              {&DeltaNetLayerParams::z, Vw, "z"},
+                              {&DeltaNetLayerParams::a, Hv, "a"},
+                              {&DeltaNetLayerParams::b, Hv, "b"},
+                              {&DeltaNetLayerParams::window, (K - 1) * C, "window"},
+                              {&DeltaNetLayerParams::state, int64_t(Hv) * Dk * Dv, "state"},
+                              {&DeltaNetLayerParams::core_out, Vw, "core_out"},
+                              {&DeltaNetLayerParams::gated, Vw, "gated"},
+                              {&DeltaNetLayerParams::out, H, "out"}};
+    DeltaNetLayerParams copies[2] = {layers[0], layers[0]};
+    for (DeltaNetLayerParams& c : copies) {
+      for (const Buffer& buf : buffers) {
+        float* fresh = dev<float>(buf.count);
+        cudaMemcpy(fresh, layers[0].*buf.field, size_t(buf.count) * 4, cudaMemcpyDeviceToDevice);
+        c.*buf.field = fresh;
+      }
+      c.delta = c.out;  // the model's in/out buffer
+    }
+    for (int step = 0; step < 2; ++step) {
+      ops(copies[0]);
+      delta_net_layer(copies[1], grid, s);
+    }
+    LILY_CUDA_CHECK(cudaStreamSynchronize(s));
+    const char* differs = nullptr;
+    for (const Buffer& buf : buffers) {
+      std::vector<float> x(size_t(buf.count)), y(size_t(buf.count));
+      cudaMemcpy(x.data(), copies[0].*buf.field, x.size() * 4, cudaMemcpyDeviceToHost);
+      cudaMemcpy(y.data(), copies[1].*buf.field, y.size() * 4, cudaMemcpyDeviceToHost);
+      if (differs == nullptr && std::memcmp(x.data(), y.data(), x.size() * 4) != 0) differs = buf.name;
+    }
+    std::printf("two tokens of layer 0: %s\n", differs == nullptr ? "bit-identical to the op path"
+                                                               : "DIFFERS from the op path in");
+    if (differs != nullptr) std::printf("  %s\n", differs);
+  }
+  const cudaGraphExec_t op_graph = capture(s, [&] {
+    for (const auto& p : layers) ops(p);
+  });
+  const cudaGraphExec_t fused_graph = capture(s, [&] {
+    for (const auto& p : layers) delta_net_layer(p, grid, s);
+  });
   for (int round = 0; round < 2; ++round) {
     const float op_us = time_graph(op_graph, s, 50);
     const float fused_us = time_graph(fused_graph, s, 50);
@@ -145,20 +188,7 @@ int main() {
     delta_net_layer(layers[7], grid, s);
     delta_net_layer(p, grid, s);
     LILY_CUDA_CHECK(cudaStreamSynchronize(s));
-    std::vector<unsigned long long> t(size_t(grid) * kDeltaNetLayerStamps);
-    cudaMemcpy(t.data(), timeline, t.size() * 8, cudaMemcpyDeviceToHost);
-    unsigned long long t0 = ~0ull;
-    for (int blk = 0; blk < grid; ++blk) t0 = std::min(t0, t[size_t(blk) * kDeltaNetLayerStamps]);
-    std::printf("timeline (us from the first block's wait; min / max over blocks):");
-    for (int ph = 0; ph < kDeltaNetLayerStamps; ++ph) {
-      unsigned long long lo = ~0ull, hi = 0;
-      for (int blk = 0; blk < grid; ++blk) {
-        lo = std::min(lo, t[size_t(blk) * kDeltaNetLayerStamps + ph]);
-        hi = std::max(hi, t[size_t(blk) * kDeltaNetLayerStamps + ph]);
-      }
-      std::printf(" %s %.2f/%.2f", names[ph], double(lo - t0) / 1000.0, double(hi - t0) / 1000.0);
-    }
-    std::printf("\n");
+    print_timeline(timeline, grid, kDeltaNetLayerStamps, names);
   }
   return 0;
 }

@@ -5,7 +5,10 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -70,6 +73,39 @@ inline float time_graph(cudaGraphExec_t g, cudaStream_t s, int reps) {
   float ms = 0;
   cudaEventElapsedTime(&ms, a, b);
   return ms * 1000.0f / float(reps);
+}
+
+// The graph of what record() launches on s.
+template <typename Record>
+cudaGraphExec_t capture(cudaStream_t s, Record record) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  LILY_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  record();
+  LILY_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  LILY_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  return exec;
+}
+
+// Prints a kernel's phase timeline, [grid, stamps] u64 %globaltimer values in device memory
+// (phase 0 = each block's start): per phase the earliest and the latest block, in us after the
+// first block's start.
+inline void print_timeline(const unsigned long long* device_timeline, int grid, int stamps,
+                           const char* const* names) {
+  std::vector<unsigned long long> t(size_t(grid) * size_t(stamps));
+  LILY_CUDA_CHECK(cudaMemcpy(t.data(), device_timeline, t.size() * 8, cudaMemcpyDeviceToHost));
+  unsigned long long t0 = ~0ull;
+  for (int b = 0; b < grid; ++b) t0 = std::min(t0, t[size_t(b) * size_t(stamps)]);
+  std::printf("timeline (us from the first block's start; min / max over blocks):");
+  for (int ph = 0; ph < stamps; ++ph) {
+    unsigned long long lo = ~0ull, hi = 0;
+    for (int b = 0; b < grid; ++b) {
+      lo = std::min(lo, t[size_t(b) * size_t(stamps) + size_t(ph)]);
+      hi = std::max(hi, t[size_t(b) * size_t(stamps) + size_t(ph)]);
+    }
+    std::printf(" %s %.2f/%.2f", names[ph], double(lo - t0) / 1000.0, double(hi - t0) / 1000.0);
+  }
+  std::printf("\n");
 }
 
 }  // namespace lily::cuda::lab

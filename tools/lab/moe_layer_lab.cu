@@ -5,7 +5,6 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <vector>
@@ -93,16 +92,12 @@ int main() {
     expert_down_combine_gemv(p.down, p.h, p.ids, p.weights, 1, K, p.shared_down, p.shared_h,
                              p.shared_logit, p.out, s);
   };
-  cudaGraph_t graph;
-  cudaGraphExec_t op_graph, fused_graph;
-  LILY_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (const auto& p : layers) ops(p);
-  LILY_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  LILY_CUDA_CHECK(cudaGraphInstantiate(&op_graph, graph, 0));
-  LILY_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (const auto& p : layers) moe_layer(p, grid, s);
-  LILY_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  LILY_CUDA_CHECK(cudaGraphInstantiate(&fused_graph, graph, 0));
+  const cudaGraphExec_t op_graph = capture(s, [&] {
+    for (const auto& p : layers) ops(p);
+  });
+  const cudaGraphExec_t fused_graph = capture(s, [&] {
+    for (const auto& p : layers) moe_layer(p, grid, s);
+  });
   for (int round = 0; round < 2; ++round) {
     const float op_us = time_graph(op_graph, s, 50);
     const float fused_us = time_graph(fused_graph, s, 50);
@@ -121,20 +116,7 @@ int main() {
     moe_layer(layers[7], grid, s);  // another layer's weights first
     moe_layer(p, grid, s);
     LILY_CUDA_CHECK(cudaStreamSynchronize(s));
-    std::vector<unsigned long long> t(size_t(grid) * kMoeLayerStamps);
-    cudaMemcpy(t.data(), timeline, t.size() * 8, cudaMemcpyDeviceToHost);
-    unsigned long long t0 = ~0ull;
-    for (int b = 0; b < grid; ++b) t0 = std::min(t0, t[size_t(b) * kMoeLayerStamps]);
-    std::printf("timeline (us from the first block's start; min / max over blocks):");
-    for (int ph = 0; ph < kMoeLayerStamps; ++ph) {
-      unsigned long long lo = ~0ull, hi = 0;
-      for (int b = 0; b < grid; ++b) {
-        lo = std::min(lo, t[size_t(b) * kMoeLayerStamps + ph]);
-        hi = std::max(hi, t[size_t(b) * kMoeLayerStamps + ph]);
-      }
-      std::printf(" %s %.2f/%.2f", names[ph], double(lo - t0) / 1000.0, double(hi - t0) / 1000.0);
-    }
-    std::printf("\n");
+    print_timeline(timeline, grid, kMoeLayerStamps, names);
   }
   return 0;
 }

@@ -1,8 +1,6 @@
-// The CUDA decode plan: resolves each layer's MoE and Gated DeltaNet weights once and launches
-// the fused kernels.
+// The CUDA decode plan: resolves each layer's MoE weights once and launches the fused kernels.
 #include "backend/cuda/cuda_decode_plan.h"
 
-#include <cmath>
 #include <stdexcept>
 #include <string>
 
@@ -15,10 +13,8 @@ CudaDecodePlan::CudaDecodePlan(CudaBackend& backend, const ModelWeights& weights
                                const DecodePlanShape& shape)
     : backend_(backend), stream_(backend.launch_) {
   moe_layers_.reserve(weights.layers.size());
-  // (A plan for a model part without MoE dims, as the Gated DeltaNet tests build, has no block.)
-  std::string unsupported = shape.experts > 0 ? "" : "no MoE dims";
+  std::string unsupported;
   for (const LayerWeights& layer : weights.layers) {
-    if (shape.experts == 0) break;
     const MoeWeights& w = layer.moe;
     cuda::MoeLayerParams p;
     p.hidden = shape.hidden;
@@ -52,94 +48,6 @@ CudaDecodePlan::CudaDecodePlan(CudaBackend& backend, const ModelWeights& weights
     moe_grid_ = 0;
     description_ = "MoE block on the op path: " + unsupported;
   }
-  description_ += "; " + plan_delta_net(weights, shape);
-}
-
-std::string CudaDecodePlan::plan_delta_net(const ModelWeights& weights, const DecodePlanShape& shape) {
-  const GatedDeltaNetDims& dims = shape.delta_net;
-  std::string unsupported = dims.key_heads > 0 ? "" : "no Gated DeltaNet dims";
-  delta_net_layers_.resize(weights.layers.size());
-  for (size_t i = 0; i < weights.layers.size(); ++i) {
-    const LayerWeights& layer = weights.layers[i];
-    if (layer.kind != LayerKind::linear_attention || dims.key_heads == 0) continue;
-    const GatedDeltaNetWeights& w = layer.gdn;
-    cuda::DeltaNetLayerParams& p = delta_net_layers_[i].params;
-    delta_net_layers_[i].has_layer = true;
-    p.hidden = shape.hidden;
-    p.shape = cuda::DeltaNetShape{static_cast<int>(dims.key_heads), static_cast<int>(dims.value_heads),
-                                  static_cast<int>(dims.key_dim), static_cast<int>(dims.value_dim),
-                                  static_cast<int>(dims.conv_kernel)};
-    p.eps = shape.eps;
-    p.q_scale = dims.key_dim > 0 ? 1.0f / std::sqrt(static_cast<float>(dims.key_dim)) : 0.0f;  // as the CPU
-    p.norm_gain = backend_.dense(layer.input_norm);
-    p.in_qkv = backend_.quant(w.in_proj_qkv);
-    p.in_z = backend_.quant(w.in_proj_z);
-    p.in_a = backend_.quant(w.in_proj_a);
-    p.in_b = backend_.quant(w.in_proj_b);
-    p.conv_weight = backend_.dense(w.conv1d);
-    p.a_log = backend_.dense(w.a_log);
-    p.dt_bias = backend_.dense(w.dt_bias);
-    p.gated_norm_gain = backend_.dense(w.norm);
-    p.out_proj = backend_.quant(w.out_proj);
-    if (unsupported.empty()) unsupported = cuda::delta_net_layer_unsupported(p);
-    if (unsupported.empty() && delta_net_grid_ == 0) {
-      delta_net_grid_ = cuda::delta_net_layer_grid(p);
-      if (delta_net_grid_ == 0) unsupported = "its blocks do not fit on the GPU at once";
-    }
-  }
-  if (delta_net_grid_ == 0 && unsupported.empty()) unsupported = "no Gated DeltaNet layers";
-  // On by default (docs/cuda.md, "The decode plan"); --cuda-disable delta-net-layer runs the
-  // op path's five launches instead, for comparison.
-  if (!backend_.options().delta_net_layer) unsupported = "turned off (--cuda-disable delta-net-layer)";
-  if (!unsupported.empty()) {
-    delta_net_grid_ = 0;
-    return "Gated DeltaNet mixer on the op path: " + unsupported;
-  }
-  delta_net_barrier_ =
-      static_cast<unsigned long long*>(backend_.device_alloc(sizeof(unsigned long long)));
-  delta_net_head_counts_ = static_cast<unsigned*>(
-      backend_.device_alloc(static_cast<size_t>(dims.value_heads) * sizeof(unsigned)));
-  return "Gated DeltaNet mixer as one persistent kernel per layer (" +
-         std::to_string(delta_net_grid_) + " co-resident blocks)";
-}
-
-void CudaDecodePlan::delta_net_block(size_t layer, bool add_norm, const DeltaNetBlockBuffers& b) {
-  if (delta_net_grid_ == 0) throw std::logic_error("CudaDecodePlan::delta_net_block: " + description_);
-  if (layer >= delta_net_layers_.size() || !delta_net_layers_[layer].has_layer) {
-    throw std::invalid_argument("CudaDecodePlan::delta_net_block: layer " + std::to_string(layer) +
-                                " is not a Gated DeltaNet layer of " +
-                                std::to_string(delta_net_layers_.size()));
-  }
-  if (b.residual == nullptr || b.delta == nullptr || b.normed == nullptr || b.mixed == nullptr ||
-      b.z == nullptr || b.a == nullptr || b.b == nullptr || b.conv_window == nullptr ||
-      b.state == nullptr || b.core_out == nullptr || b.gated == nullptr) {
-    throw std::invalid_argument("CudaDecodePlan::delta_net_block: a buffer is null");
-  }
-  if (!cuda::aligned16(b.residual) || !cuda::aligned16(b.delta) || !cuda::aligned16(b.normed) ||
-      !cuda::aligned16(b.state) || !cuda::aligned16(b.gated)) {
-    throw std::invalid_argument(
-        "CudaDecodePlan::delta_net_block: residual, delta, normed, state and gated must be 16-byte "
-        "aligned");
-  }
-  cuda::DeltaNetLayerParams p = delta_net_layers_[layer].params;
-  p.add_norm = add_norm;
-  p.residual = b.residual;
-  p.delta = b.delta;
-  p.normed = b.normed;
-  p.mixed = b.mixed;
-  p.z = b.z;
-  p.a = b.a;
-  p.b = b.b;
-  p.window = b.conv_window;
-  p.state = b.state;
-  p.core_out = b.core_out;
-  p.gated = b.gated;
-  p.out = b.delta;
-  p.barrier = delta_net_barrier_;
-  p.head_counts = delta_net_head_counts_;
-  cuda::delta_net_layer(p, delta_net_grid_, stream_);
-  LILY_CUDA_LAUNCH_CHECK();
-  ++delta_net_blocks_run_;
 }
 
 void CudaDecodePlan::moe_block(size_t layer, const MoeBlockBuffers& b) {

@@ -1,6 +1,5 @@
 // The CUDA backend's decode plan: the per-layer weights resolved once to device matrices, and
-// the fused one-token kernels that replace groups of ops: the MoE block (moe_layer.cu) and the
-// Gated DeltaNet mixer (delta_net_layer.cu).
+// the fused one-token kernels that replace groups of ops (today the MoE block, moe_layer.cu).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -18,23 +17,17 @@ class CudaBackend;
 
 class CudaDecodePlan final : public DecodePlan {
  public:
-  // `weights` must have been prepared by `backend`. When a kernel cannot take the shapes or its
-  // grid cannot be co-resident on this GPU, has_moe_block() / has_delta_net_block() is false
-  // and describe() says why (the model then runs the op path for that part).
+  // `weights` must have been prepared by `backend`. When the MoE kernel cannot take the shapes
+  // or its grid cannot be co-resident on this GPU, has_moe_block() is false and describe()
+  // says why (the model then runs the op path for it).
   CudaDecodePlan(CudaBackend& backend, const ModelWeights& weights, const DecodePlanShape& shape);
 
   std::string describe() const override { return description_; }
   bool has_moe_block() const override { return moe_grid_ > 0; }
   void moe_block(size_t layer, const MoeBlockBuffers& buffers) override;
   uint64_t moe_blocks_run() const override { return moe_blocks_run_; }
-  bool has_delta_net_block() const override { return delta_net_grid_ > 0; }
-  void delta_net_block(size_t layer, bool add_norm, const DeltaNetBlockBuffers& buffers) override;
-  uint64_t delta_net_blocks_run() const override { return delta_net_blocks_run_; }
 
  private:
-  // Fills delta_net_layers_ and the grid; returns the description's Gated DeltaNet part.
-  std::string plan_delta_net(const ModelWeights& weights, const DecodePlanShape& shape);
-
   CudaBackend& backend_;
   cuda::Stream stream_;  // the backend's launch stream (its PDL choice, cuda_ops.h)
   // Per layer: the MoE block's matrices and norm gain in device memory (the rest of the
@@ -43,17 +36,6 @@ class CudaDecodePlan final : public DecodePlan {
   int moe_grid_ = 0;  // blocks of every moe_layer launch (the barrier counter relies on one size)
   unsigned long long* moe_barrier_ = nullptr;  // [1] u64 device, zeroed, only ever grows
   uint64_t moe_blocks_run_ = 0;
-  // Per layer: the Gated DeltaNet mixer's matrices and constants (has_layer false for the
-  // attention layers).
-  struct DeltaNetLayer {
-    bool has_layer = false;
-    cuda::DeltaNetLayerParams params;
-  };
-  std::vector<DeltaNetLayer> delta_net_layers_;
-  int delta_net_grid_ = 0;  // blocks of every delta_net_layer launch
-  unsigned long long* delta_net_barrier_ = nullptr;  // [1] u64 device, zeroed, only ever grows
-  unsigned* delta_net_head_counts_ = nullptr;        // [Hv] u32 device, zeroed, only ever grow
-  uint64_t delta_net_blocks_run_ = 0;
   std::string description_;
 };
 

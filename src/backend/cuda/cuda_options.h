@@ -12,7 +12,7 @@ namespace lily {
 class Backend;
 
 // The code paths of the CUDA backend that can be switched off for comparison (`lily serve|run|
-// bench --cuda-disable pdl,stream-gemv,fused-conv,moe-layer,delta-net-layer`; docs/cuda.md). Each is on by default and
+// bench --cuda-disable pdl,stream-gemv,fused-conv,moe-layer`; docs/cuda.md). Each is on by default and
 // runs only where the device and the code it runs allow it (CudaBackend::code_path names
 // what runs). Held by the backend that was built with them: there are no process globals.
 // Every list of the paths (the flag's names, describe(), the bench JSON) comes from
@@ -22,13 +22,11 @@ struct CudaOptions {
   bool stream_gemv = true;  // the bulk-copy lm_head GEMV (sm_90+ code, 144 KB shared memory)
   bool fused_conv = true;   // the conv inside the one-token delta rule (gated_delta_net_mixer)
   bool moe_layer = true;    // the decode plan's persistent MoE kernel (one launch per layer)
-  bool delta_net_layer = true;  // the decode plan's persistent Gated DeltaNet kernel (one per layer)
 
-  // The names --cuda-disable takes, comma separated: "pdl, stream-gemv, fused-conv, moe-layer,
-  // delta-net-layer".
+  // The names --cuda-disable takes, comma separated: "pdl, stream-gemv, fused-conv, moe-layer".
   static std::string names();
 
-  // "pdl on, stream-gemv on, fused-conv on, moe-layer on, delta-net-layer on".
+  // "pdl on, stream-gemv on, fused-conv on, moe-layer on".
   std::string describe() const;
 
   bool all_on() const;
@@ -52,7 +50,6 @@ inline constexpr CudaPath kCudaPaths[] = {
     {"stream-gemv", "stream_gemv", &CudaOptions::stream_gemv},
     {"fused-conv", "fused_conv", &CudaOptions::fused_conv},
     {"moe-layer", "moe_layer", &CudaOptions::moe_layer},
-    {"delta-net-layer", "delta_net_layer", &CudaOptions::delta_net_layer},
 };
 inline constexpr size_t kCudaPathCount = sizeof(kCudaPaths) / sizeof(kCudaPaths[0]);
 

@@ -1,6 +1,6 @@
 // The one-token gated delta rule on one (value head, 32 columns) tile of the state, shared by
-// the op path's decode kernel (gated_delta_net.cu) and the decode plan's persistent Gated
-// DeltaNet kernel (delta_net_layer.cu), so that both give the same bits.
+// the op path's decode kernel (gated_delta_net.cu) and the kernel lab's persistent Gated
+// DeltaNet kernel (tools/lab/delta_net_layer.cu), so that both give the same bits.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -40,7 +40,7 @@ inline constexpr int kDecodeRowGroups = kDecodeThreads / (kDecodeCols / 4);  // 
 // (its key head's q and k, its value columns' v) from `mixed`, the carried window and the taps,
 // exactly as conv1d_silu_kernel does, into shared memory. Taps and window are read before the
 // wait: the window only changes after every tile has read it (the op path's WindowShift on the
-// output projection; the persistent kernel's shift after its second barrier). K == 0: `conv`
+// output projection; the lab's persistent kernel's shift after its second barrier). K == 0: `conv`
 // holds the conv output.
 struct FusedConv {
   const float* mixed = nullptr;   // [C] the projection of this token
@@ -76,9 +76,19 @@ struct DeltaDecodeArgs {
 };
 
 // Loads of what the previous phase produced: kCoherent (written by other blocks of the same
-// launch) through L2, else through the usual path.
+// launch) through L2, else through the read-only path (written by an earlier launch, as the op
+// kernel's __restrict__ parameters were read).
 template <bool kCoherent>
 __device__ __forceinline__ float load_input(const float* p) {
+  if constexpr (kCoherent) {
+    return __ldcg(p);
+  } else {
+    return __ldg(p);
+  }
+}
+// The same for the projection a conv reads: kCoherent through L2, else a plain load.
+template <bool kCoherent>
+__device__ __forceinline__ float load_conv_input(const float* p) {
   if constexpr (kCoherent) {
     return __ldcg(p);
   } else {
@@ -119,8 +129,8 @@ __device__ __forceinline__ void delta_decode_tile(const DeltaDecodeArgs p, int h
   for (int r = 0; r < R; ++r) {
     s[r] = live ? S[(rg + kDecodeRowGroups * r) * row_quads] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
   }
-  const float decay_rate = expf(p.a_log[h]);
-  const float bias = p.dt_bias[h];
+  const float decay_rate = expf(__ldg(p.a_log + h));  // weights: the read-only path
+  const float bias = __ldg(p.dt_bias + h);
   const int kh = h / (Hv / Hk);
   const float* q_src;  // [Dk] this key head's q, k; v_src: this thread's 4 value columns
   const float* k_src;
@@ -148,8 +158,8 @@ __device__ __forceinline__ void delta_decode_tile(const DeltaDecodeArgs p, int h
       v_hist[j] = has_v ? p.fused.window[j * C + v_ch] : 0.0f;
     }
     wait();
-    if (has_qk) conv_s[tid] = conv_silu_one<K>(qk_taps, qk_hist, load_input<kCoherent>(p.fused.mixed + qk_ch));
-    if (has_v) conv_s[2 * Dk + tid] = conv_silu_one<K>(v_taps, v_hist, load_input<kCoherent>(p.fused.mixed + v_ch));
+    if (has_qk) conv_s[tid] = conv_silu_one<K>(qk_taps, qk_hist, load_conv_input<kCoherent>(p.fused.mixed + qk_ch));
+    if (has_v) conv_s[2 * Dk + tid] = conv_silu_one<K>(v_taps, v_hist, load_conv_input<kCoherent>(p.fused.mixed + v_ch));
     __syncthreads();
     q_src = conv_s;
     k_src = conv_s + Dk;

@@ -1,5 +1,6 @@
-// Grid-wide barriers of the decode plan's persistent kernels (moe_layer.cu, delta_net_layer.cu):
-// a monotonic arrival counter in global memory, and the L2 loads of data other blocks wrote.
+// Grid-wide barriers of the persistent kernels (moe_layer.cu, the lab's
+// tools/lab/delta_net_layer.cu): a monotonic arrival counter in global memory, and the L2
+// loads of data other blocks wrote.
 #pragma once
 
 #include <cuda_runtime.h>

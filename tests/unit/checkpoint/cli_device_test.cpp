@@ -32,13 +32,13 @@ TEST(CliDevice, UnknownDeviceIsRefusedBeforeLoading) {
 }
 
 TEST(CudaOptions, DisablingTurnsOffTheNamedPathsOnly) {
-  EXPECT_EQ(CudaOptions{}.describe(), "pdl on, stream-gemv on, fused-conv on, moe-layer on, delta-net-layer on");
-  EXPECT_EQ(CudaOptions::disabling("").describe(), "pdl on, stream-gemv on, fused-conv on, moe-layer on, delta-net-layer on");
-  EXPECT_EQ(CudaOptions::disabling("pdl").describe(), "pdl off, stream-gemv on, fused-conv on, moe-layer on, delta-net-layer on");
+  EXPECT_EQ(CudaOptions{}.describe(), "pdl on, stream-gemv on, fused-conv on, moe-layer on");
+  EXPECT_EQ(CudaOptions::disabling("").describe(), "pdl on, stream-gemv on, fused-conv on, moe-layer on");
+  EXPECT_EQ(CudaOptions::disabling("pdl").describe(), "pdl off, stream-gemv on, fused-conv on, moe-layer on");
   EXPECT_EQ(CudaOptions::disabling("fused-conv,stream-gemv").describe(),
-            "pdl on, stream-gemv off, fused-conv off, moe-layer on, delta-net-layer on");
+            "pdl on, stream-gemv off, fused-conv off, moe-layer on");
   EXPECT_EQ(CudaOptions::disabling("moe-layer").describe(),
-            "pdl on, stream-gemv on, fused-conv on, moe-layer off, delta-net-layer on");
+            "pdl on, stream-gemv on, fused-conv on, moe-layer off");
   EXPECT_FALSE(CudaOptions::disabling("moe-layer").all_on());
   EXPECT_FALSE(CudaOptions::disabling("pdl,stream-gemv,fused-conv").all_on());
   for (const char* bad : {"bogus", "pdl,", ",pdl", "pdl,,fused-conv", "PDL", "pdl stream-gemv"}) {
@@ -58,7 +58,7 @@ TEST(CudaOptions, DisablingTurnsOffTheNamedPathsOnly) {
 // The one table of paths (kCudaPaths) names each member once: disabling a path by its flag
 // turns off exactly that member, and describe() and names() list every flag.
 TEST(CudaOptions, EachPathOfTheTableTurnsOffItsOwnMember) {
-  ASSERT_EQ(kCudaPathCount, 5u);
+  ASSERT_EQ(kCudaPathCount, 4u);
   for (const CudaPath& path : kCudaPaths) {
     const CudaOptions off = CudaOptions::disabling(path.flag);
     EXPECT_FALSE(off.*path.on) << path.flag;
@@ -70,7 +70,7 @@ TEST(CudaOptions, EachPathOfTheTableTurnsOffItsOwnMember) {
     EXPECT_NE(off.describe().find(std::string(path.flag) + " off"), std::string::npos) << off.describe();
     EXPECT_NE(CudaOptions::names().find(path.flag), std::string::npos) << path.flag;
   }
-  EXPECT_EQ(CudaOptions::names(), "pdl, stream-gemv, fused-conv, moe-layer, delta-net-layer");
+  EXPECT_EQ(CudaOptions::names(), "pdl, stream-gemv, fused-conv, moe-layer");
 }
 
 // --cuda-disable on run, bench and serve: an unknown path is refused before loading, naming
@@ -82,7 +82,7 @@ TEST(CliDevice, CudaDisableIsCheckedBeforeLoading) {
     const RunResult bad = run_lily(std::string(command) + " --model /nonexistent --cuda-disable pdl,tma");
     EXPECT_EQ(bad.exit_code, 2) << command;
     EXPECT_NE(bad.err.find("--cuda-disable is \"pdl,tma\": unknown CUDA path \"tma\", expected a "
-                           "comma-separated list of pdl, stream-gemv, fused-conv, moe-layer, delta-net-layer"),
+                           "comma-separated list of pdl, stream-gemv, fused-conv, moe-layer"),
               std::string::npos)
         << command << ": " << bad.err;
     const RunResult cpu =

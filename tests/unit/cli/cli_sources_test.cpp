@@ -96,7 +96,7 @@ TEST_F(ServeSources, TheCudaDisableListFromTheEnvironmentOrTheConfigFile) {
   ::setenv("LILY_CUDA_DISABLE", "fused_conv", 1);
   expect_error(serve("--bind 127.0.0.1:0"),
                "LILY_CUDA_DISABLE is \"fused_conv\": unknown CUDA path \"fused_conv\", expected a "
-               "comma-separated list of pdl, stream-gemv, fused-conv, moe-layer, delta-net-layer");
+               "comma-separated list of pdl, stream-gemv, fused-conv, moe-layer");
   ::setenv("LILY_CUDA_DISABLE", "pdl", 1);
   expect_error(serve("--bind 127.0.0.1:0 --device cpu"),
                "LILY_CUDA_DISABLE applies to the CUDA backend, not --device cpu");

@@ -1,3 +1,4 @@
+// Kernel lab (tools/lab/, not in the decode plan: measured slower than the op path, docs/cuda.md).
 // The Gated DeltaNet mixer of one decode token as one persistent kernel: add + RMSNorm, the
 // qkv | z | a | b projections, conv + gated delta rule, gated RMSNorm and the output
 // projection, with two grid barriers between them.
@@ -22,7 +23,8 @@
 // Exactness: every value is computed by the same lanes in the same order as the op path's
 // kernels (norm_vec_kernel / norm_warp_kernel, gemv_kernel, gated_delta_decode_kernel,
 // norm_warp_kernel<gated>), so the outputs are bit-identical to it
-// (tests/cuda/delta_net_layer_test.cpp checks that).
+// (delta_net_layer_lab checks that on model-shaped weights; the decode plan's test that once
+// held it is in the history at 3d02f72, tests/cuda/delta_net_layer_test.cpp).
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -34,8 +36,9 @@
 #include "backend/cuda/ptx.cuh"
 #include "backend/cuda/quant_dot.cuh"
 #include "backend/cuda/residual_norm.cuh"
+#include "delta_net_layer.cuh"
 
-namespace lily::cuda {
+namespace lily::cuda::lab {
 
 using gemv_detail::Chunk;
 
@@ -529,4 +532,4 @@ void delta_net_layer(const DeltaNetLayerParams& p, int grid, Stream s) {
          kThreads, bytes, s, p);
 }
 
-}  // namespace lily::cuda
+}  // namespace lily::cuda::lab
