@@ -178,11 +178,13 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, KvCa
         const int64_t count = std::min(kTile, last + 1 - j0);
         int64_t step = 0;
         const float* keys = rows(k_view, kvh, j0, count, &step);
-        for (int64_t g = 0; g < heads; ++g) {
-          const float* q = qg + (t * dims.q_heads + h0 + g) * 2 * D;
-          float* s = scores.data() + static_cast<size_t>(g) * stride;
-          for (int64_t j = j0; j < j0 + count; ++j) {
-            s[j] = cpu::dot(q, keys + (j - j0) * step, D) * scale;
+        const float* q = qg + (t * dims.q_heads + h0) * 2 * D;  // head g at q + g * 2D
+        for (int64_t j = j0; j < j0 + count; ++j) {
+          float dots[kMaxGroup];
+          cpu::dot_heads(q, 2 * D, heads, keys + (j - j0) * step, D, dots);
+          for (int64_t g = 0; g < heads; ++g) {
+            float* s = scores.data() + static_cast<size_t>(g) * stride;
+            s[j] = dots[g] * scale;
             max[g] = std::max(max[g], s[j]);
           }
         }

@@ -68,6 +68,11 @@ inline float silu(float x) { return x * sigmoid(x); }
 
 // sum_i a[i] b[i] (vectorised; the summation order differs from a plain loop).
 LILY_CPU_CLONES float dot(const float* a, const float* b, int64_t n);
+// out[g] = sum_i q[g * q_stride + i] k[i] for g < heads: one key against a group of query
+// heads, the key read once for all of them (attention's scores). Each head's sum is formed in
+// a fixed order of its own (8 lane partials, a fixed tree, then the tail), whatever `heads` is.
+LILY_CPU_CLONES void dot_heads(const float* q, int64_t q_stride, int64_t heads, const float* k,
+                               int64_t n, float* out);
 // y[i] += alpha x[i]
 LILY_CPU_CLONES void axpy(float alpha, const float* x, float* y, int64_t n);
 

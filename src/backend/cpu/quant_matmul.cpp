@@ -19,6 +19,51 @@ LILY_CPU_CLONES float dot(const float* a, const float* b, int64_t n) {
   return acc;
 }
 
+namespace {
+// dot_heads for H heads at once: one vector of kDotLanes partial sums per head (lane l takes
+// the elements i = l mod kDotLanes, in order), so each key chunk is loaded once for all heads
+// and the H chains of multiply-adds run side by side; then each head's lanes are summed in a
+// fixed tree and its tail (n mod kDotLanes) added in order. A head's result does not depend on H.
+constexpr int kDotLanes = 8;
+template <int H>
+__attribute__((always_inline)) inline void dot_heads_block(const float* q, int64_t q_stride,
+                                                           const float* k, int64_t n, float* out) {
+  float acc[static_cast<size_t>(H)][kDotLanes] = {};
+  int64_t i = 0;
+  for (; i + kDotLanes <= n; i += kDotLanes) {
+    for (int g = 0; g < H; ++g) {
+      const float* qg = q + g * q_stride + i;
+#pragma omp simd
+      for (int l = 0; l < kDotLanes; ++l) acc[g][l] += qg[l] * k[i + l];
+    }
+  }
+  for (int g = 0; g < H; ++g) {
+    const float* a = acc[g];
+    float s = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    for (int64_t j = i; j < n; ++j) s += q[g * q_stride + j] * k[j];
+    out[g] = s;
+  }
+}
+}  // namespace
+
+LILY_CPU_CLONES void dot_heads(const float* q, int64_t q_stride, int64_t heads, const float* k,
+                               int64_t n, float* out) {
+  for (int64_t g0 = 0; g0 < heads; g0 += 8) {
+    const float* qg = q + g0 * q_stride;
+    float* o = out + g0;
+    switch (std::min<int64_t>(8, heads - g0)) {
+      case 1: dot_heads_block<1>(qg, q_stride, k, n, o); break;
+      case 2: dot_heads_block<2>(qg, q_stride, k, n, o); break;
+      case 3: dot_heads_block<3>(qg, q_stride, k, n, o); break;
+      case 4: dot_heads_block<4>(qg, q_stride, k, n, o); break;
+      case 5: dot_heads_block<5>(qg, q_stride, k, n, o); break;
+      case 6: dot_heads_block<6>(qg, q_stride, k, n, o); break;
+      case 7: dot_heads_block<7>(qg, q_stride, k, n, o); break;
+      default: dot_heads_block<8>(qg, q_stride, k, n, o); break;
+    }
+  }
+}
+
 LILY_CPU_CLONES void axpy(float alpha, const float* x, float* y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
