@@ -206,9 +206,9 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, KvCa
         for (int64_t g = 0; g < heads; ++g) {
           const float* s = scores.data() + static_cast<size_t>(g) * stride;
           float* o = out + (t * dims.q_heads + h0 + g) * D;
-          for (int64_t j = j0; j < j0 + count; ++j) {
-            cpu::axpy(s[j] / total[g], values + (j - j0) * step, o, D);
-          }
+          float weights[kTile];
+          for (int64_t j = j0; j < j0 + count; ++j) weights[j - j0] = s[j] / total[g];
+          cpu::axpy_rows(weights, count, values, step, o, D);
         }
       }
       for (int64_t g = 0; g < heads; ++g) {

@@ -75,6 +75,10 @@ LILY_CPU_CLONES void dot_heads(const float* q, int64_t q_stride, int64_t heads, 
                                int64_t n, float* out);
 // y[i] += alpha x[i]
 LILY_CPU_CLONES void axpy(float alpha, const float* x, float* y, int64_t n);
+// y[i] += alpha[r] x[r * x_stride + i] for r = 0, 1, ... rows - 1 in that order: the same sums
+// as `rows` calls of axpy, with y loaded and stored once (attention's weighted values).
+LILY_CPU_CLONES void axpy_rows(const float* alpha, int64_t rows, const float* x, int64_t x_stride,
+                               float* y, int64_t n);
 
 // Decode-time activations in the order the packed codes come: within each group of 64, the
 // even elements then the odd ones. Byte i of a Q4 group holds element 2i (low nibble) and

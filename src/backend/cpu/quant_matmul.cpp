@@ -64,6 +64,30 @@ LILY_CPU_CLONES void dot_heads(const float* q, int64_t q_stride, int64_t heads, 
   }
 }
 
+LILY_CPU_CLONES void axpy_rows(const float* alpha, int64_t rows, const float* x, int64_t x_stride,
+                               float* y, int64_t n) {
+  constexpr int kLanes = 8;
+  int64_t i0 = 0;
+  for (; i0 + kLanes <= n; i0 += kLanes) {
+    float acc[kLanes];
+#pragma omp simd
+    for (int l = 0; l < kLanes; ++l) acc[l] = y[i0 + l];
+    for (int64_t r = 0; r < rows; ++r) {
+      const float a = alpha[r];
+      const float* xr = x + r * x_stride + i0;
+#pragma omp simd
+      for (int l = 0; l < kLanes; ++l) acc[l] += a * xr[l];
+    }
+#pragma omp simd
+    for (int l = 0; l < kLanes; ++l) y[i0 + l] = acc[l];
+  }
+  for (; i0 < n; ++i0) {
+    float acc = y[i0];
+    for (int64_t r = 0; r < rows; ++r) acc += alpha[r] * x[r * x_stride + i0];
+    y[i0] = acc;
+  }
+}
+
 LILY_CPU_CLONES void axpy(float alpha, const float* x, float* y, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) y[i] += alpha * x[i];
