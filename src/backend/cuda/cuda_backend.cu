@@ -452,6 +452,16 @@ std::string weight_key(const void* a, const void* b, const void* c, uint64_t sha
 }
 }  // namespace
 
+// Weights go up on the backend's own stream and are waited for: cudaMemcpy from pageable memory
+// runs on the legacy stream and may return before its DMA lands, and stream_ is non-blocking,
+// so an op launched right after a lazy first-use upload (the op tests do that) could read a
+// partly written weight. (Never inside a graph capture: device_alloc refuses first.)
+void CudaBackend::upload_weight(void* dst, const void* host_src, size_t bytes) {
+  // Pageable, possibly unaligned mapped memory: the driver stages it.
+  LILY_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+  LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
 const cuda::QuantMatrix& CudaBackend::quant(const QuantView& view) {
   contract::check_weight(view, "upload", "weight");
   const size_t head = std::min<uint64_t>(32, view.words_per_row() * 4);
@@ -465,10 +475,9 @@ const cuda::QuantMatrix& CudaBackend::quant(const QuantView& view) {
   auto* codes = static_cast<uint32_t*>(device_alloc(code_bytes));
   auto* scales = static_cast<__nv_bfloat16*>(device_alloc(group_bytes));
   auto* biases = static_cast<__nv_bfloat16*>(device_alloc(group_bytes));
-  // Pageable, possibly unaligned mapped memory: the driver stages it.
-  LILY_CUDA_CHECK(cudaMemcpy(codes, view.codes, code_bytes, cudaMemcpyHostToDevice));
-  LILY_CUDA_CHECK(cudaMemcpy(scales, view.scales, group_bytes, cudaMemcpyHostToDevice));
-  LILY_CUDA_CHECK(cudaMemcpy(biases, view.biases, group_bytes, cudaMemcpyHostToDevice));
+  upload_weight(codes, view.codes, code_bytes);
+  upload_weight(scales, view.scales, group_bytes);
+  upload_weight(biases, view.biases, group_bytes);
   cuda::QuantMatrix m;
   m.codes = codes;
   m.scales = scales;
@@ -501,7 +510,7 @@ const float* CudaBackend::dense(const DenseView& view) {
     }
   }
   auto* device = static_cast<float*>(device_alloc(count * 4));
-  LILY_CUDA_CHECK(cudaMemcpy(device, host.data(), count * 4, cudaMemcpyHostToDevice));
+  upload_weight(device, host.data(), count * 4);
   return dense_.emplace(key, device).first->second;
 }
 

@@ -136,6 +136,8 @@ class CudaBackend final : public Backend {
   // during graph capture: device_alloc refuses then.
   const cuda::QuantMatrix& quant(const QuantView& view);
   const float* dense(const DenseView& view);
+  // Host-to-device copy of a weight's bytes, ordered on stream_ and finished on return.
+  void upload_weight(void* dst, const void* host_src, size_t bytes);
   // Validates every target of a projection group and resolves it into `batch`; returns
   // whether the group fits one batched GEMV launch (n <= kGemvMaxTokens, at most
   // kMaxGemvTargets weights, one bit width and input width).

@@ -58,14 +58,88 @@ __device__ __forceinline__ void store_normed(float4* for_router, float4* for_exp
 }
 
 // residual + delta into `sums` and its RMSNorm, staged twice; block 0 also writes normed (the
-// residual is written after the first barrier: other blocks read it until then).
-template <int RB, int EB>
+// residual is written after the first barrier: other blocks read it until then). Same
+// arithmetic as norm_warp_kernel<add> (H <= 256) or norm_vec_kernel<add, V> (H > 256), and as
+// residual_norm.cuh's residual_norm, written out here on purpose: built on residual_norm (a
+// store callback, V chosen inside), this kernel compiled to other spills in its hot loops and
+// decode measured 0.8% slower (docs/perf/bench-cuda.md).
+template <int RB, int EB, int V>
 __device__ void stage_norm(const MoeLayerParams& p, float4* for_router, float4* for_experts,
                            float* sums, float* partial) {
-  const ResidualNormArgs args{p.residual, p.delta, p.norm_gain, p.normed, p.hidden, p.eps};
-  residual_norm_any(args, sums, partial, [&](int64_t q, float4 v) {
-    store_normed<RB, EB>(for_router, for_experts, q, v);
-  });
+  const int64_t H = p.hidden;
+  if (H <= 256) {
+    // norm_warp_kernel: lane l holds values l + 32c; warp 0 does it, the others wait.
+    if (threadIdx.x < 32) {
+      const int lane = static_cast<int>(threadIdx.x);
+      float v[8];
+      float sum_sq = 0.0f;
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const int64_t i = lane + 32 * c;
+        v[c] = 0.0f;
+        if (i < H) {
+          v[c] = p.residual[i] + p.delta[i];
+          sum_sq = fmaf(v[c], v[c], sum_sq);
+        }
+      }
+      const float inv = rms_scale(warp_sum(sum_sq), H, p.eps);
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const int64_t i = lane + 32 * c;
+        if (i < H) sums[i] = v[c];
+        if (i < H) v[c] = v[c] * inv * p.norm_gain[i];
+        if (i < H && blockIdx.x == 0) p.normed[i] = v[c];
+      }
+      __syncwarp();
+#pragma unroll
+      for (int c = 0; c < 8; ++c) {
+        const int64_t i = lane + 32 * c;
+        if (i < H) sums[H + i] = v[c];  // the normed row, after the sums
+      }
+    }
+    __syncthreads();
+    for (int64_t q = threadIdx.x; q < H / 4; q += kThreads) {
+      const float* o = sums + H + 4 * q;
+      store_normed<RB, EB>(for_router, for_experts, q, make_float4(o[0], o[1], o[2], o[3]));
+    }
+    return;
+  }
+  // norm_vec_kernel: thread t holds float4s t, t + 256, ...
+  const int64_t quads = H / 4;
+  const auto* r = reinterpret_cast<const float4*>(p.residual);
+  const auto* d = reinterpret_cast<const float4*>(p.delta);
+  float4 sum[V];
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const int64_t q = threadIdx.x + static_cast<int64_t>(i) * kThreads;
+    sum[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    if (q < quads) {
+      const float4 a = r[q];
+      const float4 b = d[q];
+      sum[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+      reinterpret_cast<float4*>(sums)[q] = sum[i];
+    }
+  }
+  float sum_sq = 0.0f;
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    sum_sq = fmaf(sum[i].x, sum[i].x, sum_sq);
+    sum_sq = fmaf(sum[i].y, sum[i].y, sum_sq);
+    sum_sq = fmaf(sum[i].z, sum[i].z, sum_sq);
+    sum_sq = fmaf(sum[i].w, sum[i].w, sum_sq);
+  }
+  const float inv = rms_scale(norm_block_sum(sum_sq, partial), H, p.eps);
+  const auto* g = reinterpret_cast<const float4*>(p.norm_gain);
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const int64_t q = threadIdx.x + static_cast<int64_t>(i) * kThreads;
+    if (q >= quads) continue;
+    const float4 gq = g[q];
+    const float4 o = make_float4(sum[i].x * inv * gq.x, sum[i].y * inv * gq.y,
+                                 sum[i].z * inv * gq.z, sum[i].w * inv * gq.w);
+    store_normed<RB, EB>(for_router, for_experts, q, o);
+    if (blockIdx.x == 0) reinterpret_cast<float4*>(p.normed)[q] = o;
+  }
 }
 
 // Rows [0, E) of the router and row E (the shared expert's gate) for one token, a lane segment
@@ -462,7 +536,11 @@ __global__ void __launch_bounds__(kThreads, 2) moe_layer_kernel(MoeLayerParams p
   float4* for_router = smem;
   float4* for_experts = smem + H / 4;
   float* sums = reinterpret_cast<float*>(smem + H / 2);
-  stage_norm<RB, EB>(p, for_router, for_experts, sums, partial);
+  if (H <= 2048) {
+    stage_norm<RB, EB, 2>(p, for_router, for_experts, sums, partial);
+  } else {
+    stage_norm<RB, EB, 4>(p, for_router, for_experts, sums, partial);
+  }
   __syncthreads();
   stamp(p, 1);
   router_phase<RB>(p, for_router, warp, warps);
