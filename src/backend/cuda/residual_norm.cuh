@@ -1,7 +1,7 @@
-// The add + RMSNorm at the start of a persistent decode kernel (moe_layer.cu, the lab's
-// tools/lab/delta_net_layer.cu): every block forms residual + delta and its RMSNorm for
-// itself, with the op path's arithmetic (norms.cu), so the result is bit-identical to
-// add_rms_norm.
+// The add + RMSNorm at the start of a persistent decode kernel: every block forms residual +
+// delta and its RMSNorm for itself, with the op path's arithmetic (norms.cu), so the result is
+// bit-identical to add_rms_norm. The lab's tools/lab/delta_net_layer.cu uses residual_norm;
+// moe_layer.cu only the block sum and the scale (its norm is written out: see stage_norm).
 #pragma once
 
 #include <cuda_runtime.h>
