@@ -1,6 +1,9 @@
 // Defaults of the backend interface: capture (unsupported), fault sites, fused ops run unfused, f32 KV caches.
 #include "backend/backend.h"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -8,12 +11,51 @@
 
 namespace lily {
 
-const char* kv_dtype_name(KvDtype dtype) { return dtype == KvDtype::bf16 ? "bf16" : "f32"; }
-size_t kv_dtype_bytes(KvDtype dtype) { return dtype == KvDtype::bf16 ? 2 : 4; }
+const char* kv_dtype_name(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::bf16: return "bf16";
+    case KvDtype::int8: return "int8";
+    case KvDtype::f32: break;
+  }
+  return "f32";
+}
+size_t kv_dtype_bytes(KvDtype dtype) {
+  switch (dtype) {
+    case KvDtype::bf16: return 2;
+    case KvDtype::int8: return 1;
+    case KvDtype::f32: break;
+  }
+  return 4;
+}
 std::optional<KvDtype> parse_kv_dtype(std::string_view name) {
   if (name == "f32") return KvDtype::f32;
   if (name == "bf16") return KvDtype::bf16;
+  if (name == "int8") return KvDtype::int8;
   return std::nullopt;
+}
+uint64_t kv_cache_bytes(KvDtype dtype, uint64_t count, int64_t head_dim) {
+  uint64_t bytes = count * kv_dtype_bytes(dtype);
+  if (dtype == KvDtype::int8 && head_dim > 0) bytes += count / static_cast<uint64_t>(head_dim) * sizeof(float);
+  return bytes;
+}
+
+float quantize_kv_row(const float* x, int64_t width, int8_t* codes) {
+  float absmax = 0.0f;
+  bool finite = true;
+  for (int64_t i = 0; i < width; ++i) {
+    finite = finite && std::isfinite(x[i]);
+    absmax = std::max(absmax, std::fabs(x[i]));
+  }
+  if (!finite || absmax == 0.0f) {
+    std::fill(codes, codes + width, int8_t{0});
+    return finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();  // NaN: every value reads NaN
+  }
+  const float inv = 127.0f / absmax;
+  for (int64_t i = 0; i < width; ++i) {
+    const float q = std::nearbyint(x[i] * inv);  // the default rounding: to nearest, ties to even
+    codes[i] = static_cast<int8_t>(std::clamp(q, -127.0f, 127.0f));
+  }
+  return absmax / 127.0f;
 }
 
 float* KvCacheView::f32() const {
@@ -30,6 +72,20 @@ uint16_t* KvCacheView::bf16_bits() const {
   }
   return static_cast<uint16_t*>(data);
 }
+int8_t* KvCacheView::int8_codes() const {
+  if (dtype != KvDtype::int8) {
+    throw std::logic_error(std::string("KvCacheView: int8 codes asked of a ") + kv_dtype_name(dtype) +
+                           " KV cache");
+  }
+  return static_cast<int8_t*>(data);
+}
+float* KvCacheView::int8_scales() const {
+  if (dtype != KvDtype::int8) {
+    throw std::logic_error(std::string("KvCacheView: int8 scales asked of a ") + kv_dtype_name(dtype) +
+                           " KV cache");
+  }
+  return scales;
+}
 
 namespace {
 // The defaults serve f32 caches only; anything else is the backend's to refuse clearly.
@@ -42,7 +98,7 @@ void require_f32_cache(const Backend& be, KvDtype dtype, const char* op) {
 }
 }  // namespace
 
-KvCacheView Backend::alloc_kv_cache(size_t count, KvDtype dtype) {
+KvCacheView Backend::alloc_kv_cache(size_t count, KvDtype dtype, int64_t /*head_dim*/) {
   require_f32_cache(*this, dtype, "alloc_kv_cache");
   return KvCacheView(alloc(count));
 }

@@ -50,17 +50,32 @@ struct SeqPos {
 };
 
 // The element type of the attention layers' KV caches, chosen at start-up (--kv-cache,
-// docs/precision.md): f32 (exact: the reference path) or bf16 (half the bytes; each key and
-// value rounded to nearest-even when it is written, read back widened exactly to f32).
-enum class KvDtype : uint8_t { f32, bf16 };
-const char* kv_dtype_name(KvDtype dtype);             // "f32", "bf16"
-size_t kv_dtype_bytes(KvDtype dtype);                 // 4, 2
-std::optional<KvDtype> parse_kv_dtype(std::string_view name);  // "f32" / "bf16", else nullopt
+// docs/precision.md): f32 (exact: the reference path), bf16 (half the bytes; each key and
+// value rounded to nearest-even when it is written, read back widened exactly to f32) or int8
+// (a quarter of f32's bytes, plus one f32 scale per row of head_dim values: each (token, KV
+// head) row of keys or values quantised symmetrically when it is written, quantize_kv_row).
+enum class KvDtype : uint8_t { f32, bf16, int8 };
+const char* kv_dtype_name(KvDtype dtype);             // "f32", "bf16", "int8"
+size_t kv_dtype_bytes(KvDtype dtype);                 // bytes per element: 4, 2, 1 (int8's scales apart)
+std::optional<KvDtype> parse_kv_dtype(std::string_view name);  // "f32" / "bf16" / "int8", else nullopt
+// Bytes of one KV cache buffer of `count` elements in rows of head_dim: the elements, and for
+// int8 the f32 scale of each row.
+uint64_t kv_cache_bytes(KvDtype dtype, uint64_t count, int64_t head_dim);
+
+// The int8 cache's code of each value of a row: the row's scale is max |x| / 127 and value i
+// is stored as code[i] = round-to-nearest-even(x[i] * (127 / max |x|)), in [-127, 127], read
+// back as code[i] * scale; an all-zero row has scale 0 and codes 0, a row with a NaN or an
+// infinity scale NaN and codes 0 (every value reads NaN, as the f32 cache's arithmetic would
+// turn it). Every backend quantises with exactly these f32 operations, so CPU and CUDA store
+// the same codes and scale for the same row. Returns the scale.
+float quantize_kv_row(const float* x, int64_t width, int8_t* codes);
 
 // One KV cache buffer (keys or values) [capacity, kv_heads, head_dim] in backend memory,
-// with the type of its elements: f32 values, or bf16 bit patterns (uint16_t: the top half of
-// the f32, core/bf16.h). Does not own the memory. A float* converts implicitly to an f32 view
-// (what a float* holds); a bf16 cache is only made by KvCacheView::bf16 or alloc_kv_cache.
+// with the type of its elements: f32 values, bf16 bit patterns (uint16_t: the top half of the
+// f32, core/bf16.h), or int8 codes with scales [capacity, kv_heads] f32 (one per head_dim
+// values, `scale_group` = head_dim). Does not own the memory. A float* converts implicitly to
+// an f32 view (what a float* holds); the others are only made by KvCacheView::bf16 / ::int8
+// or alloc_kv_cache.
 struct KvCacheView {
   KvCacheView() = default;
   KvCacheView(float* f32_values)  // NOLINT: implicit on purpose, the f32 cache is a float*
@@ -71,12 +86,24 @@ struct KvCacheView {
     view.dtype = KvDtype::bf16;
     return view;
   }
-  // The typed pointer; std::logic_error when the view holds the other dtype.
+  static KvCacheView int8(int8_t* codes, float* row_scales, int64_t head_dim) {
+    KvCacheView view;
+    view.data = codes;
+    view.dtype = KvDtype::int8;
+    view.scales = row_scales;
+    view.scale_group = head_dim;
+    return view;
+  }
+  // The typed pointer; std::logic_error when the view holds another dtype.
   float* f32() const;
   uint16_t* bf16_bits() const;
+  int8_t* int8_codes() const;
+  float* int8_scales() const;
 
   void* data = nullptr;
   KvDtype dtype = KvDtype::f32;
+  float* scales = nullptr;   // int8 only: [count / scale_group] f32
+  int64_t scale_group = 0;   // int8 only: values per scale (head_dim)
 };
 
 // One output of Backend::matmul_group: y [n, rows] = rows row_begin.. of *w times x.
@@ -122,13 +149,15 @@ class Backend {
   // Zero-filled f32 buffer of `count` values, owned by the backend until it is destroyed.
   virtual float* alloc(size_t count) = 0;
   virtual int32_t* alloc_i32(size_t count) = 0;
-  // KV cache buffers of `count` elements of `dtype`, zero-filled, owned by the backend; and
-  // their zeroing and host copies (ops in issue order; the host copies wait, as copy_to_host).
-  // host_dst / host_src hold count elements of the dtype (float or uint16_t bf16 bits). A
-  // backend serves the dtypes serves_kv_cache says and refuses the others with
-  // std::invalid_argument; the defaults serve f32 through alloc, zero and the float copies.
+  // KV cache buffers of `count` elements of `dtype` in rows of head_dim, zero-filled, owned
+  // by the backend; and their zeroing and host copies (ops in issue order; the host copies
+  // wait, as copy_to_host). host_dst / host_src hold kv_cache_bytes(dtype, count, head_dim)
+  // bytes: count elements of the dtype (float, uint16_t bf16 bits, int8 codes), for int8
+  // followed by the count / head_dim f32 row scales. A backend serves the dtypes
+  // serves_kv_cache says and refuses the others with std::invalid_argument; the defaults serve
+  // f32 through alloc, zero and the float copies.
   virtual bool serves_kv_cache(KvDtype dtype) const { return dtype == KvDtype::f32; }
-  virtual KvCacheView alloc_kv_cache(size_t count, KvDtype dtype);
+  virtual KvCacheView alloc_kv_cache(size_t count, KvDtype dtype, int64_t head_dim);
   virtual void zero_kv_cache(const KvCacheView& cache, size_t count);
   virtual void copy_kv_to_host(const KvCacheView& cache, size_t count, void* host_dst);
   virtual void copy_kv_from_host(const void* host_src, size_t count, const KvCacheView& cache);

@@ -192,6 +192,16 @@ void check_attention(const float* qg, const float* k, const float* v, const KvCa
     reject(op, "v_cache dtype", kv_dtype_name(v_cache.dtype),
            std::string("the keys' dtype ") + kv_dtype_name(k_cache.dtype));
   }
+  if (k_cache.dtype == KvDtype::int8) {
+    require_buffer(k_cache.scales, op, "k_cache scales", "capacity x kv_heads f32 row scales");
+    require_buffer(v_cache.scales, op, "v_cache scales", "capacity x kv_heads f32 row scales");
+    for (const KvCacheView* c : {&k_cache, &v_cache}) {
+      if (c->scale_group != dims.head_dim) {
+        reject(op, c == &k_cache ? "k_cache scale_group" : "v_cache scale_group", num(c->scale_group),
+               "one scale per row of head_dim = " + num(dims.head_dim) + " values");
+      }
+    }
+  }
   require_buffer(out, op, "out", "n x q_heads x head_dim values");
 }
 

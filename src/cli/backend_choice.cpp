@@ -33,7 +33,7 @@ std::optional<KvDtype> kv_cache_option(const Args& args) {
   const std::optional<std::string> text = args.get("kv-cache");
   if (!text) return std::nullopt;
   const std::optional<KvDtype> dtype = parse_kv_dtype(*text);
-  if (!dtype) throw InputError(args.source("kv-cache") + " is \"" + *text + "\", expected f32 or bf16");
+  if (!dtype) throw InputError(args.source("kv-cache") + " is \"" + *text + "\", expected f32, bf16 or int8");
   return dtype;
 }
 

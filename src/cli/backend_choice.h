@@ -20,7 +20,7 @@ struct BackendChoice {
   std::optional<CudaOptions> cuda_options;
 };
 
-// --kv-cache f32|bf16: the KV cache's element type (docs/precision.md), served by both
+// --kv-cache f32|bf16|int8: the KV cache's element type (docs/precision.md), served by both
 // backends. Absent: f32 on every backend. Any other value is refused before anything is
 // loaded (InputError). Call it next to check_device_option.
 void check_kv_cache_option(const Args& args);

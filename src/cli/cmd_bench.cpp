@@ -26,7 +26,7 @@ int cmd_bench(const std::vector<std::string>& argv) {
       {"json-out", true, "report file (required)"},
       {"device", true, "auto, cpu or cuda (default auto: CUDA when usable, else the CPU)"},
       {"threads", true, "CPU threads (default: all cores; CPU backend only)"},
-      {"kv-cache", true, "KV cache element type, f32 or bf16 (default f32; bf16 halves the KV bytes)"},
+      {"kv-cache", true, "KV cache element type, f32, bf16 or int8 (default f32; bf16 halves the KV bytes, int8 a quarter plus a scale per row)"},
       cuda_disable_option(),
       cpu_precision_option(),
       {"copy-probe-mib", true,

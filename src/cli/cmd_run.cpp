@@ -51,7 +51,7 @@ int cmd_run(const std::vector<std::string>& argv) {
       {"max-seq", true, "state capacity in tokens, prompt + generated (default 4096)"},
       {"device", true, "auto, cpu or cuda (default auto: CUDA when usable, else the CPU)"},
       {"threads", true, "CPU threads (default: all cores; CPU backend only)"},
-      {"kv-cache", true, "KV cache element type, f32 or bf16 (default f32; bf16 halves the KV bytes)"},
+      {"kv-cache", true, "KV cache element type, f32, bf16 or int8 (default f32; bf16 halves the KV bytes, int8 a quarter plus a scale per row)"},
       cuda_disable_option(),
       cpu_precision_option(),
       {"ignore-eos", false, "do not stop at the checkpoint's stop tokens"},

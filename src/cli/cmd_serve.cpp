@@ -96,7 +96,7 @@ int cmd_serve(const std::vector<std::string>& argv) {
       {"device", true, "auto, cpu or cuda (default auto: CUDA when usable, else the CPU)"},
       {"threads", true, "CPU inference threads (default: all cores; CPU backend only)"},
       {"kv-cache", true,
-       "KV cache element type, f32 or bf16 (default f32; bf16 halves the state's KV bytes)"},
+       "KV cache element type, f32, bf16 or int8 (default f32; bf16 halves the state's KV bytes, int8 quarters them plus a scale per row)"},
       cuda_disable_option(),
       cpu_precision_option(),
       {"queue", true, "requests waiting behind the one running before 429 (default 16)"},

@@ -28,14 +28,14 @@ uint64_t attention_layers(const ModelShape& shape) {
 }  // namespace
 
 uint64_t DecodeState::kv_bytes_per_token(const ModelShape& shape, KvDtype kv_dtype) {
-  return attention_layers(shape) * 2 * shape.num_key_value_heads * shape.head_dim *
-         kv_dtype_bytes(kv_dtype);
+  return attention_layers(shape) * 2 *
+         kv_cache_bytes(kv_dtype, shape.num_key_value_heads * shape.head_dim, static_cast<int64_t>(shape.head_dim));
 }
 
 uint64_t DecodeState::bytes(const ModelShape& shape, int64_t capacity, KvDtype kv_dtype) {
   const BufferSizes sizes = buffer_sizes(shape, capacity);
   const uint64_t attention = attention_layers(shape);
-  const uint64_t kv = attention * 2 * sizes.kv * kv_dtype_bytes(kv_dtype);
+  const uint64_t kv = attention * 2 * kv_cache_bytes(kv_dtype, sizes.kv, static_cast<int64_t>(shape.head_dim));
   const uint64_t gdn = (shape.num_layers - attention) * (sizes.window + sizes.recurrent) * sizeof(float);
   return kv + gdn + sizeof(int32_t);  // + the device position
 }
@@ -63,7 +63,8 @@ DecodeState::DecodeState(Backend& backend, const ModelShape& shape, int64_t cap,
   for (size_t i = 0; i < layers; ++i) {
     kinds.push_back(ModelShape::layer_kind(i));
     if (kinds.back() == LayerKind::full_attention) {
-      attention[i] = {backend.alloc_kv_cache(size.kv, kv), backend.alloc_kv_cache(size.kv, kv)};
+      const auto head_dim = static_cast<int64_t>(shape.head_dim);
+      attention[i] = {backend.alloc_kv_cache(size.kv, kv, head_dim), backend.alloc_kv_cache(size.kv, kv, head_dim)};
     } else {
       delta_net[i] = {take(size.window), take(size.recurrent)};
     }

@@ -60,8 +60,8 @@ class Bf16AttentionRunner {
   Bf16AttentionRunner(const AttentionDims& dims, int64_t capacity, Backend& cuda)
       : dims_(dims), capacity_(capacity), cuda_(cuda),
         elements_(static_cast<size_t>(capacity * dims.kv_heads * dims.head_dim)) {
-    k_bf16_ = cuda_.alloc_kv_cache(elements_, KvDtype::bf16);
-    v_bf16_ = cuda_.alloc_kv_cache(elements_, KvDtype::bf16);
+    k_bf16_ = cuda_.alloc_kv_cache(elements_, KvDtype::bf16, dims.head_dim);
+    v_bf16_ = cuda_.alloc_kv_cache(elements_, KvDtype::bf16, dims.head_dim);
     const std::vector<uint16_t> poison(elements_, kPoisonBits);
     cuda_.copy_kv_from_host(poison.data(), elements_, k_bf16_);
     cuda_.copy_kv_from_host(poison.data(), elements_, v_bf16_);
@@ -249,8 +249,8 @@ TEST(CudaAttention, Bf16CacheRoundsToNearestEvenAndKeepsSpecialValues) {
   float* dout = be->alloc(static_cast<size_t>(n * d.q_heads * d.head_dim));
   const size_t elements = 8 * row;
   for (int64_t decode = 0; decode < 2; ++decode) {
-    const KvCacheView kc = be->alloc_kv_cache(elements, KvDtype::bf16);
-    const KvCacheView vc = be->alloc_kv_cache(elements, KvDtype::bf16);
+    const KvCacheView kc = be->alloc_kv_cache(elements, KvDtype::bf16, d.head_dim);
+    const KvCacheView vc = be->alloc_kv_cache(elements, KvDtype::bf16, d.head_dim);
     if (decode == 1) {
       for (int64_t t = 0; t < n; ++t) {  // one token at a time: the decode kernel's write
         be->attention(dqg, dk + t * static_cast<int64_t>(row), dv + t * static_cast<int64_t>(row),

@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="backend passed to lily bench (default: lily's default, auto)")
     p.add_argument("--threads", type=int, default=None,
                    help="CPU threads passed to lily bench (default: lily's default, all cores)")
-    p.add_argument("--kv-cache", choices=("f32", "bf16"), default=None,
+    p.add_argument("--kv-cache", choices=("f32", "bf16", "int8"), default=None,
                    help="KV cache dtype passed to lily bench (default: lily's default for the device)")
     p.add_argument("--copy-probe-mib", type=int, default=None,
                    help="copy-bandwidth probe size passed to lily bench (default: lily's, 512)")

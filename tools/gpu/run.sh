@@ -35,7 +35,7 @@
 #                                    LILY_PROFILE_CONTEXTS (default 256) for each of
 #                                    LILY_PROFILE_ARMS (default: default,nopdl; also
 #                                    nostream, noconv, nomoelayer: --cuda-disable moe-layer,
-#                                    kvf32 / kvbf16: --kv-cache f32 / bf16); LILY_NCU=0 skips Nsight Compute;
+#                                    kvf32 / kvbf16 / kvint8: --kv-cache f32 / bf16 / int8); LILY_NCU=0 skips Nsight Compute;
 #                                    LILY_NCU_DETAIL=<regex>: full sections of one kernel
 #                        lab         the kernel lab (tools/lab/, -DLILY_BUILD_LAB=ON): moe_layer_lab's
 #                                    op path vs persistent MoE block per layer, and its timeline;
@@ -147,6 +147,7 @@ if has_stage profile; then
         default) flags=(); env=() ;;
         kvf32) flags=(--kv-cache f32); env=() ;;
         kvbf16) flags=(--kv-cache bf16); env=() ;;
+        kvint8) flags=(--kv-cache int8); env=() ;;
         nopdl) flags=(--cuda-disable pdl); env=() ;;
         nostream) flags=(--cuda-disable stream-gemv); env=() ;;
         noconv) flags=(--cuda-disable fused-conv); env=() ;;

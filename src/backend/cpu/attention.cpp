@@ -1,4 +1,4 @@
-// CPU gated full attention: q/k zero-centred norm, partial NeoX RoPE, KV cache (f32 or bf16), causal softmax.
+// CPU gated full attention: q/k zero-centred norm, partial NeoX RoPE, KV cache (f32, bf16 or int8), causal softmax.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -77,6 +77,19 @@ LILY_CPU_CLONES void widen_rows_from_bf16(const uint16_t* src, int64_t count, in
   }
 }
 
+// `count` rows of `width` int8 codes, `stride` apart in codes, each times its own scale
+// (scales[r]), into dst [count, width] f32: the values an int8 cache holds.
+LILY_CPU_CLONES void widen_rows_from_int8(const int8_t* codes, const float* scales, int64_t count,
+                                          int64_t width, int64_t stride, int64_t scale_stride, float* dst) {
+  for (int64_t r = 0; r < count; ++r) {
+    const int8_t* in = codes + r * stride;
+    const float s = scales[r * scale_stride];
+    float* o = dst + r * width;
+#pragma omp simd
+    for (int64_t i = 0; i < width; ++i) o[i] = static_cast<float>(in[i]) * s;
+  }
+}
+
 }  // namespace
 
 void CpuBackend::attention_prepare(float* qg, float* k, const DenseView& q_norm,
@@ -113,16 +126,23 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, KvCa
   cpu::require(start_pos + n <= capacity, "attention",
                "the device position + n is " + std::to_string(start_pos + n) +
                    ", expected at most the KV cache capacity " + std::to_string(capacity));
-  const bool bf16 = k_view.dtype == KvDtype::bf16;
+  const KvDtype dtype = k_view.dtype;
   const int64_t D = dims.head_dim;
   const int64_t row = dims.kv_heads * D;
-  // This step's rows into the cache: copied (f32) or rounded to nearest-even (bf16), which
-  // every read below then sees, the new rows' own queries included.
-  if (bf16) {
+  // This step's rows into the cache: copied (f32), rounded to nearest-even (bf16) or quantised
+  // per (token, kv head) row (int8), which every read below then sees, the new rows' own
+  // queries included.
+  if (dtype == KvDtype::bf16) {
     uint16_t* k_bits = k_view.bf16_bits();
     uint16_t* v_bits = v_view.bf16_bits();
     round_rows_to_bf16(k, n * row, k_bits + start_pos * row);
     round_rows_to_bf16(v, n * row, v_bits + start_pos * row);
+  } else if (dtype == KvDtype::int8) {
+    for (int64_t r = 0; r < n * dims.kv_heads; ++r) {
+      const int64_t at = start_pos * dims.kv_heads + r;  // (token, kv head) row of the cache
+      k_view.int8_scales()[at] = quantize_kv_row(k + r * D, D, k_view.int8_codes() + at * D);
+      v_view.int8_scales()[at] = quantize_kv_row(v + r * D, D, v_view.int8_codes() + at * D);
+    }
   } else {
     float* k_cache = k_view.f32();
     float* v_cache = v_view.f32();
@@ -135,7 +155,7 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, KvCa
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   // One item is `heads` query heads of one kv head (a divisor of the group, as large as
   // leaves an item per thread): they read each tile of kTile keys or values once, while it is
-  // in L1 (a bf16 tile widened once into f32 for all of them), instead of once per head.
+  // in L1 (a bf16 or int8 tile widened once into f32 for all of them), instead of once per head.
   int64_t heads = std::min(group, kMaxGroup);
   while (group % heads != 0) --heads;
   while (heads > 1 && n * dims.q_heads / heads < threads()) {
@@ -150,19 +170,25 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, KvCa
   // same order whatever the grouping, so neither the order nor `heads` changes a bit.
   pool_.parallel_for(n * per_slot, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scores;  // [heads, start_pos + n]
-    thread_local std::vector<float> tile;    // bf16: one tile widened, [kTile, head_dim]
+    thread_local std::vector<float> tile;    // bf16, int8: one tile widened, [kTile, head_dim]
     const auto stride = static_cast<size_t>(start_pos + n);
     if (scores.size() < static_cast<size_t>(heads) * stride) scores.resize(static_cast<size_t>(heads) * stride);
-    if (bf16 && tile.size() < static_cast<size_t>(kTile * D)) tile.resize(static_cast<size_t>(kTile * D));
+    if (dtype != KvDtype::f32 && tile.size() < static_cast<size_t>(kTile * D)) tile.resize(static_cast<size_t>(kTile * D));
     // Rows j0..j0+count-1 of kv head kvh of a cache, as f32: row i at the result + i * *step.
     const auto rows = [&](const KvCacheView& cache, int64_t kvh, int64_t j0, int64_t count,
                           int64_t* step) -> const float* {
-      if (!bf16) {
+      if (dtype == KvDtype::f32) {
         *step = row;
         return cache.f32() + j0 * row + kvh * D;
       }
       *step = D;
-      widen_rows_from_bf16(cache.bf16_bits() + j0 * row + kvh * D, count, D, row, tile.data());
+      if (dtype == KvDtype::int8) {
+        widen_rows_from_int8(cache.int8_codes() + j0 * row + kvh * D,
+                             cache.int8_scales() + j0 * dims.kv_heads + kvh, count, D, row,
+                             dims.kv_heads, tile.data());
+      } else {
+        widen_rows_from_bf16(cache.bf16_bits() + j0 * row + kvh * D, count, D, row, tile.data());
+      }
       return tile.data();
     };
     for (int64_t item = begin; item < end; ++item) {

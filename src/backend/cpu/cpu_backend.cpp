@@ -60,21 +60,42 @@ std::string CpuBackend::device_name() const {
 float* CpuBackend::alloc(size_t count) { return buffers_.emplace_back(count, 0.0f).data(); }
 int32_t* CpuBackend::alloc_i32(size_t count) { return int_buffers_.emplace_back(count, 0).data(); }
 void CpuBackend::zero(float* buffer, size_t count) { std::fill(buffer, buffer + count, 0.0f); }
-KvCacheView CpuBackend::alloc_kv_cache(size_t count, KvDtype dtype) {
-  if (dtype == KvDtype::f32) return KvCacheView(alloc(count));
-  return KvCacheView::bf16(bf16_kv_buffers_.emplace_back(count, uint16_t{0}).data());
+KvCacheView CpuBackend::alloc_kv_cache(size_t count, KvDtype dtype, int64_t head_dim) {
+  switch (dtype) {
+    case KvDtype::f32: return KvCacheView(alloc(count));
+    case KvDtype::bf16: return KvCacheView::bf16(bf16_kv_buffers_.emplace_back(count, uint16_t{0}).data());
+    case KvDtype::int8: break;
+  }
+  cpu::require(head_dim > 0 && count % static_cast<size_t>(head_dim) == 0, "alloc_kv_cache",
+               "an int8 KV cache of " + std::to_string(count) + " values needs rows of head_dim values, got head_dim " +
+                   std::to_string(head_dim));
+  int8_t* codes = int8_kv_buffers_.emplace_back(count, int8_t{0}).data();
+  return KvCacheView::int8(codes, alloc(count / static_cast<size_t>(head_dim)), head_dim);
 }
 void CpuBackend::zero_kv_cache(const KvCacheView& cache, size_t count) {
-  if (cache.dtype == KvDtype::f32) return zero(cache.f32(), count);
-  std::fill(cache.bf16_bits(), cache.bf16_bits() + count, uint16_t{0});  // bf16 +0.0
+  switch (cache.dtype) {
+    case KvDtype::f32: return zero(cache.f32(), count);
+    case KvDtype::bf16: std::fill(cache.bf16_bits(), cache.bf16_bits() + count, uint16_t{0}); return;  // +0.0
+    case KvDtype::int8: break;
+  }
+  std::fill(cache.int8_codes(), cache.int8_codes() + count, int8_t{0});
+  zero(cache.int8_scales(), count / static_cast<size_t>(cache.scale_group));
 }
 void CpuBackend::copy_kv_to_host(const KvCacheView& cache, size_t count, void* host_dst) {
   cpu::require(cache.data != nullptr && host_dst != nullptr, "copy_kv_to_host", "a null buffer");
   std::memcpy(host_dst, cache.data, count * kv_dtype_bytes(cache.dtype));
+  if (cache.dtype == KvDtype::int8) {
+    std::memcpy(static_cast<char*>(host_dst) + count, cache.int8_scales(),
+                count / static_cast<size_t>(cache.scale_group) * sizeof(float));
+  }
 }
 void CpuBackend::copy_kv_from_host(const void* host_src, size_t count, const KvCacheView& cache) {
   cpu::require(cache.data != nullptr && host_src != nullptr, "copy_kv_from_host", "a null buffer");
   std::memcpy(cache.data, host_src, count * kv_dtype_bytes(cache.dtype));
+  if (cache.dtype == KvDtype::int8) {
+    std::memcpy(cache.int8_scales(), static_cast<const char*>(host_src) + count,
+                count / static_cast<size_t>(cache.scale_group) * sizeof(float));
+  }
 }
 void CpuBackend::copy_to_host(const float* src, size_t count, float* host_dst) {
   std::copy(src, src + count, host_dst);
@@ -91,6 +112,7 @@ uint64_t CpuBackend::allocated_bytes() const {
   for (const auto& b : buffers_) bytes += b.size() * sizeof(float);
   for (const auto& b : int_buffers_) bytes += b.size() * sizeof(int32_t);
   for (const auto& b : bf16_kv_buffers_) bytes += b.size() * sizeof(uint16_t);
+  for (const auto& b : int8_kv_buffers_) bytes += b.size();
   for (const auto& b : scratch_) bytes += b.capacity() * sizeof(float);
   const cpu::SamplerWork& w = sampler_work_;
   const auto held = [](const auto& v) { return v.capacity() * sizeof(v[0]); };

@@ -87,13 +87,15 @@ class CpuBackend : public Backend {
   void prepare(const ModelWeights& weights, const LoadProgressFn& progress) override;
   float* alloc(size_t count) override;
   int32_t* alloc_i32(size_t count) override;
-  // KV caches of either dtype (--kv-cache): f32 buffers as alloc, or bf16 bit patterns
-  // (uint16_t, core/bf16.h), which attention rounds to nearest-even when it writes a row and
-  // widens exactly to f32 when it reads one (attention.cpp).
+  // KV caches of every dtype (--kv-cache): f32 buffers as alloc; bf16 bit patterns (uint16_t,
+  // core/bf16.h), which attention rounds to nearest-even when it writes a row and widens
+  // exactly to f32 when it reads one; int8 codes and f32 row scales, which attention
+  // quantises (quantize_kv_row) when it writes a row and reads as code * scale
+  // (attention.cpp).
   bool serves_kv_cache(KvDtype dtype) const override {
-    return dtype == KvDtype::f32 || dtype == KvDtype::bf16;
+    return dtype == KvDtype::f32 || dtype == KvDtype::bf16 || dtype == KvDtype::int8;
   }
-  KvCacheView alloc_kv_cache(size_t count, KvDtype dtype) override;
+  KvCacheView alloc_kv_cache(size_t count, KvDtype dtype, int64_t head_dim) override;
   void zero_kv_cache(const KvCacheView& cache, size_t count) override;
   void copy_kv_to_host(const KvCacheView& cache, size_t count, void* host_dst) override;
   void copy_kv_from_host(const void* host_src, size_t count, const KvCacheView& cache) override;
@@ -202,6 +204,7 @@ class CpuBackend : public Backend {
   std::deque<std::vector<float>> buffers_;
   std::deque<std::vector<int32_t>> int_buffers_;
   std::deque<std::vector<uint16_t>> bf16_kv_buffers_;  // the bf16 KV caches
+  std::deque<std::vector<int8_t>> int8_kv_buffers_;    // the int8 KV caches' codes (scales: buffers_)
 };
 
 }  // namespace lily

@@ -43,6 +43,18 @@ __device__ __forceinline__ float exp_shifted(float x, float m) {
 
 template <typename KV>
 constexpr bool kIsBf16 = std::is_same_v<KV, __nv_bfloat16>;
+// int8 caches (int8_t codes) carry a scale per (token, kv head) row beside them; the rows are
+// written by store_int8_rows_kernel before any attention kernel reads them.
+template <typename KV>
+constexpr bool kIsInt8 = std::is_same_v<KV, int8_t>;
+
+// Four int8 codes of a word (element 0 in the low byte), exactly as f32: the code + 128 as the
+// low byte of 2^23's mantissa, minus 2^23 + 128.
+__device__ __forceinline__ void int8x4_to_f32(uint32_t w, float (&f)[4]) {
+  const uint32_t u = w ^ 0x80808080u;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) f[j] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440u + j)) - 8388736.0f;
+}
 
 // x as a KV cache element (bf16: round-to-nearest-even).
 template <typename KV>
@@ -68,14 +80,24 @@ __device__ __forceinline__ float as_cached(float x) {
 __device__ __forceinline__ float bf16_lo(uint32_t w) { return __uint_as_float(w << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t w) { return __uint_as_float(w & 0xffff0000u); }
 
-// Values one thread stages into shared memory per 16-byte load: 4 f32 or 8 bf16.
+// Values one thread stages into shared memory per 16-byte load: 4 f32, 8 bf16 or 16 int8.
 template <typename KV>
-constexpr int kStageVec = kIsBf16<KV> ? 8 : 4;
+constexpr int kStageVec = kIsInt8<KV> ? 16 : (kIsBf16<KV> ? 8 : 4);
 
 // kStageVec<KV> cache values at src (16-byte aligned) as f32 into dst (16-byte aligned).
+// (int8: code * row_scale, the CPU's widening; the scale is ignored for the other types.)
 template <typename KV>
-__device__ __forceinline__ void stage_row_piece(const KV* src, float* dst) {
-  if constexpr (kIsBf16<KV>) {
+__device__ __forceinline__ void stage_row_piece(const KV* src, float row_scale, float* dst) {
+  if constexpr (kIsInt8<KV>) {
+    const uint4 w = *reinterpret_cast<const uint4*>(src);
+    const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float f[4];
+      int8x4_to_f32(words[i], f);
+      reinterpret_cast<float4*>(dst)[i] = make_float4(f[0] * row_scale, f[1] * row_scale, f[2] * row_scale, f[3] * row_scale);
+    }
+  } else if constexpr (kIsBf16<KV>) {
     const uint4 w = *reinterpret_cast<const uint4*>(src);
     reinterpret_cast<float4*>(dst)[0] = make_float4(bf16_lo(w.x), bf16_hi(w.x), bf16_lo(w.y), bf16_hi(w.y));
     reinterpret_cast<float4*>(dst)[1] = make_float4(bf16_lo(w.z), bf16_hi(w.z), bf16_lo(w.w), bf16_hi(w.w));
@@ -194,7 +216,7 @@ __device__ __forceinline__ bool decode_split_range(int64_t pos_host, const int32
 template <int D, typename KV>
 struct LaneSlice {
   static constexpr int kPer = D / 32;
-  static constexpr int kMaxVec = kIsBf16<KV> ? 8 : 4;
+  static constexpr int kMaxVec = (kIsBf16<KV> || kIsInt8<KV>) ? 8 : 4;
   static constexpr int kVec = kPer >= kMaxVec ? kMaxVec : kPer;
   static constexpr int kChunks = kPer / kVec;
   __device__ static int index(int lane, int c, int w) { return c * 32 * kVec + lane * kVec + w; }
@@ -221,9 +243,35 @@ struct LaneSlice {
       }
     }
   }
-  // A cache row's share, widened to f32 (bf16: 8, 4 or 2 values per load for D 256, 128, 64).
-  __device__ static void load_cached(const KV* p, int lane, float (&dst)[kPer]) {
-    if constexpr (kIsBf16<KV>) {
+  // A cache row's share, widened to f32 (bf16: 8, 4 or 2 values per load for D 256, 128, 64;
+  // int8: as many codes, times the row's scale).
+  __device__ static void load_cached(const KV* p, float row_scale, int lane, float (&dst)[kPer]) {
+    if constexpr (kIsInt8<KV>) {
+#pragma unroll
+      for (int c = 0; c < kChunks; ++c) {
+        const KV* at = p + c * 32 * kVec + lane * kVec;
+        uint32_t words[2] = {0u, 0u};
+        if constexpr (kVec == 8) {
+          const uint2 w = *reinterpret_cast<const uint2*>(at);
+          words[0] = w.x;
+          words[1] = w.y;
+        } else if constexpr (kVec == 4) {
+          words[0] = *reinterpret_cast<const uint32_t*>(at);
+        } else {
+          static_assert(kVec == 2, "head_dim 64, 128 or 256");
+          words[0] = *reinterpret_cast<const uint16_t*>(at);
+        }
+#pragma unroll
+        for (int h = 0; h < (kVec + 3) / 4; ++h) {
+          float f[4];
+          int8x4_to_f32(words[h], f);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            if (4 * h + i < kVec) dst[c * kVec + 4 * h + i] = f[i] * row_scale;
+          }
+        }
+      }
+    } else if constexpr (kIsBf16<KV>) {
 #pragma unroll
       for (int c = 0; c < kChunks; ++c) {
         const KV* at = p + c * 32 * kVec + lane * kVec;
@@ -306,7 +354,8 @@ __device__ __forceinline__ float warp_reduce_scatter(float (&v)[N], int lane) {
 template <int D, int G, typename KV>
 __global__ void __launch_bounds__(kDecodeThreads, 2)
     decode_split_kernel(const float* qg, const float* k, const float* v, KV* k_cache,
-                        KV* v_cache, int64_t capacity, int q_heads, int kv_heads, int group,
+                        KV* v_cache, const float* k_scales, const float* v_scales,
+                        int64_t capacity, int q_heads, int kv_heads, int group,
                         int64_t pos_host, const int32_t* pos_device, int splits, float scale,
                         float* part_o, float* part_ml) {
   grid_dependency_wait();
@@ -331,10 +380,12 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
 
-  if (begin <= P && P < end && (G > 1 || unit % group == 0)) {
-    for (int i = threadIdx.x; i < D; i += kDecodeThreads) {
-      k_cache[P * row + kvh * D + i] = to_cache<KV>(k[kvh * D + i]);
-      v_cache[P * row + kvh * D + i] = to_cache<KV>(v[kvh * D + i]);
+  if constexpr (!kIsInt8<KV>) {  // an int8 row P is already in the cache
+    if (begin <= P && P < end && (G > 1 || unit % group == 0)) {
+      for (int i = threadIdx.x; i < D; i += kDecodeThreads) {
+        k_cache[P * row + kvh * D + i] = to_cache<KV>(k[kvh * D + i]);
+        v_cache[P * row + kvh * D + i] = to_cache<KV>(v[kvh * D + i]);
+      }
     }
   }
 
@@ -361,12 +412,16 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
     for (int t = 0; t < T; ++t) {
       const int64_t j = j0 + t;
       if (j < end) {
-        if (j == P) {
+        if constexpr (kIsInt8<KV>) {
+          const int64_t r = j * kv_heads + kvh;  // (token, kv head) row of the scales
+          Slice::load_cached(k_cache + j * row + kvh * D, k_scales[r], lane, kt[t]);
+          Slice::load_cached(v_cache + j * row + kvh * D, v_scales[r], lane, vt[t]);
+        } else if (j == P) {
           Slice::load_as_cached(k + kvh * D, lane, kt[t]);
           Slice::load_as_cached(v + kvh * D, lane, vt[t]);
         } else {
-          Slice::load_cached(k_cache + j * row + kvh * D, lane, kt[t]);
-          Slice::load_cached(v_cache + j * row + kvh * D, lane, vt[t]);
+          Slice::load_cached(k_cache + j * row + kvh * D, 0.0f, lane, kt[t]);
+          Slice::load_cached(v_cache + j * row + kvh * D, 0.0f, lane, vt[t]);
         }
       } else {
 #pragma unroll
@@ -773,6 +828,274 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   }
 }
 
+// ============================== decode on tensor cores, int8 cache =========================
+// The model's shape (head_dim 256, 8 query heads per KV head) over an int8 cache, grid
+// (kv_heads, splits), kT8Threads threads, 2 blocks an SM. The cache rows are int8 codes with an
+// f32 scale per (token, kv head) row, all written by store_int8_rows_kernel before this launch.
+//   S = Q K^T on mma.sync m16n8k32 s8 x s8 -> s32, exact: the 16 rows are the 8 heads' query
+//   codes in two planes, q = s_q (hi + lo / 256) with s_q = max |q| / 127 of the head (the
+//   planes keep about 15 bits of q where bf16 hi + lo keeps 16); N = 8 keys per n-tile, K = 256
+//   dims in 8 k-steps of 32, the dims permuted as in decode_tc_kernel so that thread (g, t)
+//   reads 8 bytes of a key row per k-step (dims 32p + 8t .. +7: k = 4t.. in b0, 16 + 4t.. in
+//   b1). A score is s_q s_k (hi + lo / 256) / sqrt(256).
+//   O += P V on m16n8k16 bf16 as decode_tc_kernel, with p s_v (the value row's scale folded
+//   into its weight) split hi | lo, and the value codes widened exactly to bf16 (|code| <= 127
+//   fits bf16's 8 significant bits).
+// Each warp streams its own tiles of 16 keys (codes and both scales) through a 2-stage
+// cp.async ring, as decode_tc_kernel.
+constexpr int kT8Threads = kTcWarps * 32;
+constexpr int kT8KStride = kTcD + 32;  // bytes per staged key row: 8-byte fragment reads of a
+                                       // half warp (rows g, offsets 8t) hit distinct banks
+constexpr int kT8VStride = kTcD + 16;  // bytes per staged value row (rows 2t.., offsets 8g)
+constexpr int kT8ScaleBytes = 2 * kTcKeys * 4;  // the tile's 16 key and 16 value scales
+constexpr int kT8StageBytes = kTcKeys * (kT8KStride + kT8VStride) + kT8ScaleBytes;
+constexpr int kT8KSteps = kTcD / 32;
+constexpr int kT8QBytes = kT8KSteps * 32 * 16;  // query planes: [k-step][lane] uint4
+constexpr size_t kT8SmemBytes = static_cast<size_t>(kTcWarps) * kTcStages * kT8StageBytes + kT8QBytes;
+static_assert(static_cast<size_t>(kTcG) * kTcD * sizeof(float) <=
+                  static_cast<size_t>(kTcWarps) * kTcStages * kT8StageBytes,
+              "the block merge reuses the staging buffers");
+
+__device__ __forceinline__ void mma_s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Four int8 values (element 0 in the low byte) packed into a word.
+__device__ __forceinline__ uint32_t pack_s8x4(int a, int b, int c, int d) {
+  return (static_cast<uint32_t>(a) & 0xffu) | ((static_cast<uint32_t>(b) & 0xffu) << 8) |
+         ((static_cast<uint32_t>(c) & 0xffu) << 16) | (static_cast<uint32_t>(d) << 24);
+}
+
+__global__ void __launch_bounds__(kT8Threads, 2)
+    decode_tc_int8_kernel(const float* qg, const int8_t* k_cache, const int8_t* v_cache,
+                          const float* k_scales, const float* v_scales, int64_t capacity,
+                          int kv_heads, int64_t pos_host, const int32_t* pos_device, int splits,
+                          float scale, float* part_o, float* part_ml) {
+  extern __shared__ __align__(16) unsigned char tc_smem[];
+  __shared__ float s_m[kTcWarps][kTcG];
+  __shared__ float s_l[kTcWarps][kTcG];
+  __shared__ float s_q[kTcG];  // each head's query scale
+  grid_dependency_wait();
+  DecodeSplit range;
+  const int split = blockIdx.y;
+  if (!decode_split_range(pos_host, pos_device, capacity, split, splits, range)) return;
+  const int64_t begin = range.begin, end = range.end;
+  const int kvh = blockIdx.x;
+  const int64_t row = static_cast<int64_t>(kv_heads) * kTcD;  // cache bytes per position
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+
+  // Each head's max |q| (warp w: heads 2w, 2w + 1), then the two planes of the fragments.
+  for (int h = 2 * warp; h < 2 * warp + 2; ++h) {
+    const float* q = qg + static_cast<int64_t>(kvh * kTcG + h) * 2 * kTcD;
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kTcD / 32; ++i) m = fmaxf(m, fabsf(q[lane + 32 * i]));
+    m = warp_max(m);
+    if (lane == 0) s_q[h] = m / 127.0f;
+  }
+  __syncthreads();
+  uint4* q_frag = reinterpret_cast<uint4*>(tc_smem + kTcWarps * kTcStages * kT8StageBytes);
+  {
+    const float* q = qg + static_cast<int64_t>(kvh * kTcG + g) * 2 * kTcD;
+    const float sq = s_q[g];
+    const float inv = sq > 0.0f ? 1.0f / sq : 0.0f;
+    for (int p = warp; p < kT8KSteps; p += kTcWarps) {
+      const int d = 32 * p + 8 * t;
+      const float4 x0 = *reinterpret_cast<const float4*>(q + d);
+      const float4 x1 = *reinterpret_cast<const float4*>(q + d + 4);
+      const float x[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+      int hi[8], lo[8];
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        const float y = x[i] * inv;  // in [-127, 127]
+        const float h = rintf(y);
+        hi[i] = static_cast<int>(h);
+        lo[i] = static_cast<int>(fminf(fmaxf(rintf((y - h) * 256.0f), -127.0f), 127.0f));
+      }
+      q_frag[p * 32 + lane] = make_uint4(pack_s8x4(hi[0], hi[1], hi[2], hi[3]), pack_s8x4(lo[0], lo[1], lo[2], lo[3]),
+                                         pack_s8x4(hi[4], hi[5], hi[6], hi[7]), pack_s8x4(lo[4], lo[5], lo[6], lo[7]));
+    }
+  }
+  __syncthreads();
+  const float sq_g = s_q[g] * scale;
+
+  const int64_t tiles = (end - begin + kTcKeys - 1) / kTcKeys;
+  unsigned char* ring = tc_smem + warp * kTcStages * kT8StageBytes;
+  const int8_t* k_head = k_cache + kvh * kTcD;
+  const int8_t* v_head = v_cache + kvh * kTcD;
+  // The tile's 16 key and 16 value rows (16 pieces of 16 bytes each: two rows per warp
+  // instruction) and their scales (lanes 0-15 the keys', 16-31 the values'); rows at or past
+  // `end` zero-filled without a read.
+  auto stage = [&](int64_t tile, int buffer) {
+    unsigned char* kb = ring + buffer * kT8StageBytes;
+    unsigned char* vb = kb + kTcKeys * kT8KStride;
+    unsigned char* sb = vb + kTcKeys * kT8VStride;
+    const int64_t first = begin + tile * kTcKeys;
+    const int half = lane >> 4;
+    const int piece = lane & 15;
+#pragma unroll 4
+    for (int r2 = 0; r2 < kTcKeys; r2 += 2) {
+      const int r = r2 + half;
+      const int64_t j = first + r;
+      const bool live = j < end;
+      const int64_t at = (live ? j : begin) * row + piece * 16;
+      ptx::cp_async16(ptx::smem_u32(kb + r * kT8KStride + piece * 16), k_head + at, live ? 16 : 0);
+      ptx::cp_async16(ptx::smem_u32(vb + r * kT8VStride + piece * 16), v_head + at, live ? 16 : 0);
+    }
+    const int64_t j = first + piece;
+    const bool live = j < end;
+    const float* src = (half == 0 ? k_scales : v_scales) + (live ? j : begin) * kv_heads + kvh;
+    ptx::cp_async4(ptx::smem_u32(sb + lane * 4), src, live ? 4 : 0);
+  };
+#pragma unroll
+  for (int st = 0; st < kTcStages; ++st) {
+    const int64_t tile = warp + static_cast<int64_t>(st) * kTcWarps;
+    if (tile < tiles) stage(tile, st);
+    ptx::cp_async_commit();
+  }
+
+  float m_run = kNegInf;
+  float l_run = 0.0f;
+  float acc[kTcNTiles][4];
+#pragma unroll
+  for (int n = 0; n < kTcNTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+
+  int buffer = 0;
+  for (int64_t tile = warp; tile < tiles; tile += kTcWarps) {
+    ptx::cp_async_wait<kTcStages - 1>();
+    __syncwarp();
+    const unsigned char* kb = ring + buffer * kT8StageBytes;
+    const unsigned char* vb = kb + kTcKeys * kT8KStride;
+    const float* sk = reinterpret_cast<const float*>(vb + kTcKeys * kT8VStride);
+    const float* sv = sk + kTcKeys;
+
+    // S = Q K^T in integers: n-tile 0 keys 0-7 (this thread loads key g), n-tile 1 keys 8-15.
+    int sc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
+#pragma unroll
+    for (int p = 0; p < kT8KSteps; ++p) {
+      const uint2 k0 = *reinterpret_cast<const uint2*>(kb + g * kT8KStride + 32 * p + 8 * t);
+      const uint2 k1 = *reinterpret_cast<const uint2*>(kb + (g + 8) * kT8KStride + 32 * p + 8 * t);
+      const uint4 qa = q_frag[p * 32 + lane];
+      const uint32_t a[4] = {qa.x, qa.y, qa.z, qa.w};
+      mma_s8(sc[0], a, k0.x, k0.y);
+      mma_s8(sc[1], a, k1.x, k1.y);
+    }
+    const int64_t first = begin + tile * kTcKeys;
+    const int key_of[4] = {2 * t, 2 * t + 1, 8 + 2 * t, 9 + 2 * t};
+    const int hi_of[4] = {sc[0][0], sc[0][1], sc[1][0], sc[1][1]};
+    const int lo_of[4] = {sc[0][2], sc[0][3], sc[1][2], sc[1][3]};
+    float s[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float dot = static_cast<float>(hi_of[i]) + static_cast<float>(lo_of[i]) * (1.0f / 256.0f);
+      s[i] = first + key_of[i] < end ? dot * (sq_g * sk[key_of[i]]) : kNegInf;
+    }
+    float tile_max = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+    const float m_new = fmaxf(m_run, tile_max);
+    const float corr = exp_shifted(m_run, m_new);
+    float p[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) p[i] = exp_shifted(s[i], m_new);
+    l_run = fmaf(l_run, corr, (p[0] + p[1]) + (p[2] + p[3]));
+    m_run = m_new;
+    if (__any_sync(0xffffffffu, corr != 1.0f)) {
+#pragma unroll
+      for (int n = 0; n < kTcNTiles; ++n) {
+#pragma unroll
+        for (int c = 0; c < 4; ++c) acc[n][c] *= corr;
+      }
+    }
+    // The weights times their value rows' scales (0 for rows past the end), hi | lo.
+    float pv[4], ph[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      pv[i] = first + key_of[i] < end ? p[i] * sv[key_of[i]] : 0.0f;
+      ph[i] = __bfloat162float(__float2bfloat16_rn(pv[i]));
+    }
+    const uint32_t pa[4] = {ptx::pack_bf16(ph[0], ph[1]), ptx::pack_bf16(pv[0] - ph[0], pv[1] - ph[1]),
+                            ptx::pack_bf16(ph[2], ph[3]), ptx::pack_bf16(pv[2] - ph[2], pv[3] - ph[3])};
+    // O += P V: this thread's B columns are dims 64q + 8g + i of keys 2t, 2t+1, 8+2t, 9+2t.
+#pragma unroll
+    for (int q = 0; q < 4; ++q) {
+      const int col = 64 * q + 8 * g;
+      float v[4][8];
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        const uint2 w = *reinterpret_cast<const uint2*>(vb + key_of[r] * kT8VStride + col);
+        float lo4[4], hi4[4];
+        int8x4_to_f32(w.x, lo4);
+        int8x4_to_f32(w.y, hi4);
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          v[r][i] = lo4[i];
+          v[r][4 + i] = hi4[i];
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        ptx::mma_bf16(acc[8 * q + i], pa, ptx::pack_bf16(v[0][i], v[1][i]), ptx::pack_bf16(v[2][i], v[3][i]));
+      }
+    }
+    __syncwarp();
+    const int64_t next = tile + static_cast<int64_t>(kTcStages) * kTcWarps;
+    if (next < tiles) stage(next, buffer);
+    ptx::cp_async_commit();
+    buffer = buffer + 1 == kTcStages ? 0 : buffer + 1;
+  }
+  ptx::cp_async_wait_all();
+
+  // Merge the warps as decode_tc_kernel does. n-tile 8q + i, columns 2t, 2t+1: dims
+  // 64q + 8(2t) + i and 64q + 8(2t + 1) + i.
+  float l_head = l_run + __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_head += __shfl_xor_sync(0xffffffffu, l_head, 2);
+  if (t == 0) {
+    s_m[warp][g] = m_run;
+    s_l[warp][g] = l_head;
+  }
+  __syncthreads();
+  float mx = kNegInf;
+  for (int w = 0; w < kTcWarps; ++w) mx = fmaxf(mx, s_m[w][g]);
+  const float f = m_run == kNegInf ? 0.0f : expf(m_run - mx);
+  float* s_acc = reinterpret_cast<float*>(tc_smem);  // [8][256]
+  for (int w = 0; w < kTcWarps; ++w) {
+    if (warp == w) {
+#pragma unroll
+      for (int n = 0; n < kTcNTiles; ++n) {
+        const int d0 = 64 * (n >> 3) + 16 * t + (n & 7);
+        const float o0 = (acc[n][0] + acc[n][2]) * f;
+        const float o1 = (acc[n][1] + acc[n][3]) * f;
+        float* at = s_acc + g * kTcD;
+        at[d0] = w == 0 ? o0 : at[d0] + o0;
+        at[d0 + 8] = w == 0 ? o1 : at[d0 + 8] + o1;
+      }
+    }
+    __syncthreads();
+  }
+  const int64_t base = (static_cast<int64_t>(kvh) * splits + split) * kTcG;
+  for (int i = threadIdx.x; i < kTcG * kTcD; i += kT8Threads) part_o[base * kTcD + i] = s_acc[i];
+  if (threadIdx.x < kTcG) {
+    const int h = threadIdx.x;
+    float m = kNegInf;
+    for (int w = 0; w < kTcWarps; ++w) m = fmaxf(m, s_m[w][h]);
+    float sum = 0.0f;
+    for (int w = 0; w < kTcWarps; ++w) {
+      const float mw = s_m[w][h];
+      sum += mw == kNegInf ? 0.0f : s_l[w][h] * expf(mw - m);
+    }
+    part_ml[(base + h) * 2 + 0] = m;
+    part_ml[(base + h) * 2 + 1] = sum;
+  }
+}
+
 // ============================== prefill (n > 1) =========================================
 // Grid (query tiles of kBq tokens, q_heads), 128 threads. Per key tile of kBk keys:
 //   S = Q K^T over D in chunks of kDc dims (K chunk staged in shared memory), masked, online
@@ -801,8 +1124,9 @@ struct PrefillSmem {
 
 template <int D, typename KV>
 __global__ void __launch_bounds__(kPrefillThreads)
-    prefill_kernel(const float* qg, const KV* k_cache, const KV* v_cache, int q_heads,
-                   int kv_heads, int group, int64_t pos, int64_t n, float scale, float* out) {
+    prefill_kernel(const float* qg, const KV* k_cache, const KV* v_cache, const float* k_scales,
+                   const float* v_scales, int q_heads, int kv_heads, int group, int64_t pos,
+                   int64_t n, float scale, float* out) {
   using Smem = PrefillSmem<D>;
   constexpr int kC = D / 16;  // O columns per thread
   constexpr int kDChunk = D < kDc ? D : kDc;
@@ -858,7 +1182,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
         const int dv = idx % (kDChunk / kV);
         float* dst = buf + key * Smem::kKStride + dv * kV;
         if (kb + key < kv_end) {
-          stage_row_piece<KV>(k_cache + (kb + key) * row_stride + kvh * D + d0 + dv * kV, dst);
+          const float rs = kIsInt8<KV> ? k_scales[(kb + key) * kv_heads + kvh] : 0.0f;
+          stage_row_piece<KV>(k_cache + (kb + key) * row_stride + kvh * D + d0 + dv * kV, rs, dst);
         } else {
           stage_zero<KV>(dst);
         }
@@ -929,7 +1254,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
         const int dv = idx % (D / kV);
         float* dst = buf + key * D + dv * kV;
         if (kb + k0 + key < kv_end) {
-          stage_row_piece<KV>(v_cache + (kb + k0 + key) * row_stride + kvh * D + dv * kV, dst);
+          const float rs = kIsInt8<KV> ? v_scales[(kb + k0 + key) * kv_heads + kvh] : 0.0f;
+          stage_row_piece<KV>(v_cache + (kb + k0 + key) * row_stride + kvh * D + dv * kV, rs, dst);
         } else {
           stage_zero<KV>(dst);
         }
@@ -992,6 +1318,65 @@ __global__ void store_bf16_rows_kernel(const float* k, const float* v, __nv_bflo
   *reinterpret_cast<uint4*>(dst) = out;
 }
 
+// ============================== cache write (int8) ======================================
+// One warp per (row, K | V): rows r < rows of k / v [rows, head_dim] (rows = n * kv_heads) go to
+// cache row pos * kv_heads + r, quantised as quantize_kv_row (backend.h) does on the CPU, with
+// the same f32 operations: max |x| over the row, codes rint(x * (127 / max)) clamped to
+// [-127, 127], scale max / 127; an all-zero row scale 0, a non-finite one scale NaN, codes 0.
+// With pos_device (a decode step, n == 1) the position is read here, and a row past
+// `capacity` is not written (the attention kernels skip that position too).
+constexpr int kStoreWarps = 8;
+
+template <int D>
+__global__ void __launch_bounds__(kStoreWarps * 32)
+    store_int8_rows_kernel(const float* k, const float* v, int64_t rows, int kv_heads,
+                           int64_t pos_host, const int32_t* pos_device, int64_t capacity,
+                           int8_t* k_codes, float* k_scales, int8_t* v_codes, float* v_scales) {
+  grid_dependency_wait();
+  constexpr int kPer = D / 32;
+  const int lane = threadIdx.x & 31;
+  const int64_t item = static_cast<int64_t>(blockIdx.x) * kStoreWarps + (threadIdx.x >> 5);
+  if (item >= 2 * rows) return;
+  const int64_t pos = read_position(pos_host, pos_device);
+  const int64_t r = item >> 1;
+  if (pos < 0 || pos + r / kv_heads >= capacity) return;
+  const bool values = (item & 1) != 0;
+  const float* src = (values ? v : k) + r * D + lane * kPer;
+  float x[kPer];
+  float m = 0.0f;
+  bool finite = true;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    x[i] = src[i];
+    finite = finite && isfinite(x[i]);
+    m = fmaxf(m, fabsf(x[i]));
+  }
+  m = warp_max(m);
+  finite = __all_sync(0xffffffffu, finite);
+  const int64_t at = pos * kv_heads + r;
+  uint32_t words[(kPer + 3) / 4] = {};
+  if (finite && m > 0.0f) {
+    const float inv = __fdiv_rn(127.0f, m);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const float q = fminf(fmaxf(rintf(__fmul_rn(x[i], inv)), -127.0f), 127.0f);
+      words[i / 4] |= (static_cast<uint32_t>(static_cast<int>(q)) & 0xffu) << (8 * (i % 4));
+    }
+  }
+  int8_t* dst = (values ? v_codes : k_codes) + at * D + lane * kPer;
+  if constexpr (kPer == 8) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
+  } else if constexpr (kPer == 4) {
+    *reinterpret_cast<uint32_t*>(dst) = words[0];
+  } else {
+    static_assert(kPer == 2, "head_dim 64, 128 or 256");
+    *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(words[0]);
+  }
+  if (lane == 0) {
+    (values ? v_scales : k_scales)[at] = finite ? (m > 0.0f ? __fdiv_rn(m, 127.0f) : 0.0f) : __int_as_float(0x7fc00000);
+  }
+}
+
 // ============================== host side ===============================================
 
 RopeFreqs rope_freqs(const AttentionShape& a) {
@@ -1023,36 +1408,53 @@ int decode_splits(int64_t capacity) {
   return static_cast<int>(wanted < kDecodeMaxSplits ? (wanted > 0 ? wanted : 1) : kDecodeMaxSplits);
 }
 
+// The caches of one attention call, typed: KV elements, and an int8 cache's row scales
+// (nullptr for the others).
+template <typename KV>
+struct TypedCaches {
+  KV* keys;
+  KV* values;
+  float* key_scales;
+  float* value_scales;
+};
+
 template <int D, int G, typename KV>
-void launch_decode_split(const float* qg, const float* k, const float* v, KV* k_cache,
-                         KV* v_cache, int64_t capacity, const AttentionShape& a, int units,
+void launch_decode_split(const float* qg, const float* k, const float* v, const TypedCaches<KV>& c,
+                         int64_t capacity, const AttentionShape& a, int units,
                          int64_t pos_host, const int32_t* pos_device, int splits, float scale,
                          float* part_o, float* part_ml, Stream s) {
   const int group = a.q_heads / a.kv_heads;
   launch(decode_split_kernel<D, G, KV>, dim3(static_cast<unsigned>(units), static_cast<unsigned>(splits)),
-         kDecodeThreads, 0, s, qg, k, v, k_cache, v_cache, capacity, a.q_heads, a.kv_heads, group,
+         kDecodeThreads, 0, s, qg, k, v, c.keys, c.values, static_cast<const float*>(c.key_scales),
+         static_cast<const float*>(c.value_scales), capacity, a.q_heads, a.kv_heads, group,
          pos_host, pos_device, splits, scale, part_o, part_ml);
 }
 
 // The tensor-core kernel's split count: one block per SM at most (it takes an SM's shared
 // memory), and no more than the CUDA-core kernel would use.
-int decode_tc_splits(int64_t capacity, int kv_heads) {
-  const int per_sm = sm_count() / (kv_heads > 0 ? kv_heads : 1);
+int decode_tc_splits(int64_t capacity, int kv_heads, int blocks_per_sm = 1) {
+  const int per_sm = blocks_per_sm * sm_count() / (kv_heads > 0 ? kv_heads : 1);
   const int splits = decode_splits(capacity);
   return splits < per_sm ? splits : (per_sm > 0 ? per_sm : 1);
 }
 
 template <int D, typename KV>
-AttentionPath launch_decode(const float* qg, const float* k, const float* v, KV* k_cache,
-                            KV* v_cache, int64_t capacity, const AttentionShape& a,
+AttentionPath launch_decode(const float* qg, const float* k, const float* v, const TypedCaches<KV>& c,
+                            int64_t capacity, const AttentionShape& a,
                             int64_t pos_host, const int32_t* pos_device, float* out,
                             Workspace& ws, Stream s) {
+  KV* k_cache = c.keys;
+  KV* v_cache = c.values;
   const int group = a.q_heads / a.kv_heads;
   const int G = (group == 2 || group == 4 || group == 8) ? group : 1;
   const int units = G > 1 ? a.kv_heads : a.q_heads;
+  constexpr bool kInt8Tc = kIsInt8<KV> && D == kTcD;
+  const bool int8_tensor_cores = kInt8Tc && G == kTcG && int8_tensor_core_decode_attention_fits();
   const bool tensor_cores =
-      G == kTcG && kTensorCoreDecode<D, kTcG, KV> && tensor_core_decode_attention_fits();
-  const int splits = tensor_cores ? decode_tc_splits(capacity, a.kv_heads) : decode_splits(capacity);
+      int8_tensor_cores || (G == kTcG && kTensorCoreDecode<D, kTcG, KV> && tensor_core_decode_attention_fits());
+  const int splits = int8_tensor_cores ? decode_tc_splits(capacity, a.kv_heads, 2)
+                     : tensor_cores    ? decode_tc_splits(capacity, a.kv_heads)
+                                       : decode_splits(capacity);
   const size_t o_floats = static_cast<size_t>(a.q_heads) * splits * D;
   const size_t ml_floats = static_cast<size_t>(a.q_heads) * splits * 2;
   auto* part_o = static_cast<float*>(ws.get(kWsAttention, (o_floats + ml_floats) * sizeof(float)));
@@ -1072,28 +1474,45 @@ AttentionPath launch_decode(const float* qg, const float* k, const float* v, KV*
              pos_host, pos_device, splits, scale, part_o, part_ml);
     }
   }
+  if constexpr (kInt8Tc) {
+    if (int8_tensor_cores) {
+      static bool configured = false;  // one attribute set (host-side, no sync)
+      if (!configured) {
+        LILY_CUDA_CHECK(cudaFuncSetAttribute(decode_tc_int8_kernel,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(kT8SmemBytes)));
+        configured = true;
+      }
+      launch(decode_tc_int8_kernel, dim3(static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(splits)),
+             kT8Threads, kT8SmemBytes, s, qg, static_cast<const int8_t*>(k_cache),
+             static_cast<const int8_t*>(v_cache), static_cast<const float*>(c.key_scales),
+             static_cast<const float*>(c.value_scales), capacity, a.kv_heads, pos_host, pos_device,
+             splits, scale, part_o, part_ml);
+    }
+  }
   if (!tensor_cores) {
     switch (G) {
       case 8:
-        launch_decode_split<D, 8, KV>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
+        launch_decode_split<D, 8, KV>(qg, k, v, c, capacity, a, units, pos_host,
                                       pos_device, splits, scale, part_o, part_ml, s);
         break;
       case 4:
-        launch_decode_split<D, 4, KV>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
+        launch_decode_split<D, 4, KV>(qg, k, v, c, capacity, a, units, pos_host,
                                       pos_device, splits, scale, part_o, part_ml, s);
         break;
       case 2:
-        launch_decode_split<D, 2, KV>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
+        launch_decode_split<D, 2, KV>(qg, k, v, c, capacity, a, units, pos_host,
                                       pos_device, splits, scale, part_o, part_ml, s);
         break;
       default:
-        launch_decode_split<D, 1, KV>(qg, k, v, k_cache, v_cache, capacity, a, units, pos_host,
+        launch_decode_split<D, 1, KV>(qg, k, v, c, capacity, a, units, pos_host,
                                       pos_device, splits, scale, part_o, part_ml, s);
         break;
     }
   }
   launch(decode_combine_kernel<D>, static_cast<unsigned>(a.q_heads), D, 0, s, qg, capacity, G,
          pos_host, pos_device, splits, part_o, part_ml, out);
+  if (int8_tensor_cores) return AttentionPath::decode_int8_tensor_cores;
   return tensor_cores ? AttentionPath::decode_tensor_cores : AttentionPath::decode_cuda_cores;
 }
 
@@ -1112,11 +1531,25 @@ void store_rows(const float* k, const float* v, __nv_bfloat16* k_dst, __nv_bfloa
          static_cast<int64_t>(pieces));
 }
 
+// The new rows of an int8 cache (prefill or decode): store_int8_rows_kernel.
+template <int D>
+void store_int8_rows(const float* k, const float* v, const TypedCaches<int8_t>& c, const AttentionShape& a,
+                     int64_t pos_host, const int32_t* pos_device, int64_t capacity, int64_t n, Stream s) {
+  const int64_t rows = n * a.kv_heads;
+  const auto blocks = static_cast<unsigned>((2 * rows + kStoreWarps - 1) / kStoreWarps);
+  launch(store_int8_rows_kernel<D>, blocks, kStoreWarps * 32, 0, s, k, v, rows, a.kv_heads, pos_host,
+         pos_device, capacity, c.keys, c.key_scales, c.values, c.value_scales);
+}
+
 template <int D, typename KV>
-void launch_prefill(const float* qg, const float* k, const float* v, KV* k_cache, KV* v_cache,
+void launch_prefill(const float* qg, const float* k, const float* v, const TypedCaches<KV>& c,
                     const AttentionShape& a, int64_t pos, int64_t n, float* out, Stream s) {
+  KV* k_cache = c.keys;
+  KV* v_cache = c.values;
   const int64_t row = static_cast<int64_t>(a.kv_heads) * D;
-  store_rows(k, v, k_cache + pos * row, v_cache + pos * row, static_cast<size_t>(n * row), s);
+  if constexpr (!kIsInt8<KV>) {  // int8 rows were stored by launch_attention
+    store_rows(k, v, k_cache + pos * row, v_cache + pos * row, static_cast<size_t>(n * row), s);
+  }
   constexpr size_t kSmem = PrefillSmem<D>::kBytes;
   static bool configured = false;  // one attribute set per instantiation (host-side, no sync)
   if (!configured) {
@@ -1128,38 +1561,36 @@ void launch_prefill(const float* qg, const float* k, const float* v, KV* k_cache
   const auto tiles = static_cast<unsigned>((n + kBq - 1) / kBq);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
   prefill_kernel<D, KV><<<dim3(tiles, static_cast<unsigned>(a.q_heads)), kPrefillThreads, kSmem, s>>>(
-      qg, k_cache, v_cache, a.q_heads, a.kv_heads, a.q_heads / a.kv_heads, pos, n, scale, out);
+      qg, k_cache, v_cache, static_cast<const float*>(c.key_scales), static_cast<const float*>(c.value_scales),
+      a.q_heads, a.kv_heads, a.q_heads / a.kv_heads, pos, n, scale, out);
   LILY_CUDA_LAUNCH_CHECK();
 }
 
 template <int D, typename KV>
-AttentionPath launch_attention(const float* qg, const float* k, const float* v, KV* k_cache, KV* v_cache,
+AttentionPath launch_attention(const float* qg, const float* k, const float* v, const TypedCaches<KV>& c,
                       int64_t capacity, const AttentionShape& a, int64_t pos_host,
                       const int32_t* pos_device, int64_t n, float* out, Workspace& ws,
                       Stream s) {
+  if constexpr (kIsInt8<KV>) store_int8_rows<D>(k, v, c, a, pos_host, pos_device, capacity, n, s);
   if (n == 1) {
-    return launch_decode<D, KV>(qg, k, v, k_cache, v_cache, capacity, a, pos_host, pos_device,
-                                out, ws, s);
+    return launch_decode<D, KV>(qg, k, v, c, capacity, a, pos_host, pos_device, out, ws, s);
   }
-  launch_prefill<D, KV>(qg, k, v, k_cache, v_cache, a, pos_host, n, out, s);
+  launch_prefill<D, KV>(qg, k, v, c, a, pos_host, n, out, s);
   return AttentionPath::prefill;
 }
 
 template <typename KV>
-AttentionPath attention_typed(const float* qg, const float* k, const float* v, KV* k_cache, KV* v_cache,
+AttentionPath attention_typed(const float* qg, const float* k, const float* v, const TypedCaches<KV>& c,
                      int64_t capacity, const AttentionShape& a, int64_t pos_host,
                      const int32_t* pos_device, int64_t n, float* out, Workspace& ws,
                      Stream s) {
   switch (a.head_dim) {
     case 64:
-      return launch_attention<64, KV>(qg, k, v, k_cache, v_cache, capacity, a, pos_host,
-                                      pos_device, n, out, ws, s);
+      return launch_attention<64, KV>(qg, k, v, c, capacity, a, pos_host, pos_device, n, out, ws, s);
     case 128:
-      return launch_attention<128, KV>(qg, k, v, k_cache, v_cache, capacity, a, pos_host,
-                                       pos_device, n, out, ws, s);
+      return launch_attention<128, KV>(qg, k, v, c, capacity, a, pos_host, pos_device, n, out, ws, s);
     case 256:
-      return launch_attention<256, KV>(qg, k, v, k_cache, v_cache, capacity, a, pos_host,
-                                       pos_device, n, out, ws, s);
+      return launch_attention<256, KV>(qg, k, v, c, capacity, a, pos_host, pos_device, n, out, ws, s);
     default: throw std::invalid_argument("cuda attention: head_dim must be 64, 128 or 256");
   }
 }
@@ -1171,6 +1602,13 @@ bool tensor_core_decode_attention_fits() {
   // sm_86, sm_89 and sm_120, which keep the CUDA-core kernel.
   static const bool fits = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) >=
                            static_cast<int>(kTcSmemBytes + 1024);
+  return fits;
+}
+
+bool int8_tensor_core_decode_attention_fits() {
+  // About 77 KB: every supported device (sm_80 and newer, 99 KB and up).
+  static const bool fits = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) >=
+                           static_cast<int>(kT8SmemBytes + 1024);
   return fits;
 }
 
@@ -1193,13 +1631,22 @@ AttentionPath attention(const float* qg, const float* k, const float* v, const K
   if (n <= 0) return AttentionPath::none;
   switch (caches.type) {
     case KvType::f32:
-      return attention_typed(qg, k, v, static_cast<float*>(caches.keys),
-                             static_cast<float*>(caches.values), capacity, a, pos_host,
-                             pos_device, n, out, ws, s);
+      return attention_typed(qg, k, v,
+                             TypedCaches<float>{static_cast<float*>(caches.keys),
+                                                static_cast<float*>(caches.values), nullptr, nullptr},
+                             capacity, a, pos_host, pos_device, n, out, ws, s);
     case KvType::bf16:
-      return attention_typed(qg, k, v, static_cast<__nv_bfloat16*>(caches.keys),
-                             static_cast<__nv_bfloat16*>(caches.values), capacity, a, pos_host,
-                             pos_device, n, out, ws, s);
+      return attention_typed(qg, k, v,
+                             TypedCaches<__nv_bfloat16>{static_cast<__nv_bfloat16*>(caches.keys),
+                                                        static_cast<__nv_bfloat16*>(caches.values),
+                                                        nullptr, nullptr},
+                             capacity, a, pos_host, pos_device, n, out, ws, s);
+    case KvType::int8:
+      return attention_typed(qg, k, v,
+                             TypedCaches<int8_t>{static_cast<int8_t*>(caches.keys),
+                                                 static_cast<int8_t*>(caches.values),
+                                                 caches.key_scales, caches.value_scales},
+                             capacity, a, pos_host, pos_device, n, out, ws, s);
   }
   throw std::invalid_argument("cuda attention: unknown KV cache type");
 }

@@ -263,33 +263,55 @@ int32_t* CudaBackend::alloc_i32(size_t count) {
 }
 
 bool CudaBackend::serves_kv_cache(KvDtype dtype) const {
-  return dtype == KvDtype::f32 || dtype == KvDtype::bf16;
+  return dtype == KvDtype::f32 || dtype == KvDtype::bf16 || dtype == KvDtype::int8;
 }
 
-KvCacheView CudaBackend::alloc_kv_cache(size_t count, KvDtype dtype) {
+KvCacheView CudaBackend::alloc_kv_cache(size_t count, KvDtype dtype, int64_t head_dim) {
   require(serves_kv_cache(dtype), "alloc_kv_cache", "unknown KV cache dtype");
   void* ptr = device_alloc(count * kv_dtype_bytes(dtype));  // 256-byte aligned: 16-byte loads
-  return dtype == KvDtype::bf16 ? KvCacheView::bf16(static_cast<uint16_t*>(ptr))
-                                : KvCacheView(static_cast<float*>(ptr));
+  switch (dtype) {
+    case KvDtype::f32: return KvCacheView(static_cast<float*>(ptr));
+    case KvDtype::bf16: return KvCacheView::bf16(static_cast<uint16_t*>(ptr));
+    case KvDtype::int8: break;
+  }
+  require(head_dim > 0 && count % static_cast<size_t>(head_dim) == 0, "alloc_kv_cache",
+          "an int8 KV cache needs rows of head_dim values (head_dim " + std::to_string(head_dim) + ")");
+  auto* scales = static_cast<float*>(device_alloc(count / static_cast<size_t>(head_dim) * sizeof(float)));
+  return KvCacheView::int8(static_cast<int8_t*>(ptr), scales, head_dim);
 }
+
+namespace {
+// An int8 cache's scales: [count / scale_group] f32 (none for the other dtypes).
+size_t kv_scale_bytes(const KvCacheView& cache, size_t count) {
+  return cache.dtype == KvDtype::int8 ? count / static_cast<size_t>(cache.scale_group) * sizeof(float) : 0;
+}
+}  // namespace
 
 void CudaBackend::zero_kv_cache(const KvCacheView& cache, size_t count) {
   require(cache.data != nullptr, "zero_kv_cache", "null cache");
   LILY_CUDA_CHECK(cudaMemsetAsync(cache.data, 0, count * kv_dtype_bytes(cache.dtype), stream_));
+  if (const size_t sb = kv_scale_bytes(cache, count)) LILY_CUDA_CHECK(cudaMemsetAsync(cache.scales, 0, sb, stream_));
 }
 
+// Host layout (backend.h): the elements, then an int8 cache's row scales.
 void CudaBackend::copy_kv_to_host(const KvCacheView& cache, size_t count, void* host_dst) {
   require(cache.data != nullptr && host_dst != nullptr, "copy_kv_to_host", "null buffers");
-  LILY_CUDA_CHECK(cudaMemcpyAsync(host_dst, cache.data, count * kv_dtype_bytes(cache.dtype),
-                                  cudaMemcpyDeviceToHost, stream_));
+  const size_t eb = count * kv_dtype_bytes(cache.dtype);
+  LILY_CUDA_CHECK(cudaMemcpyAsync(host_dst, cache.data, eb, cudaMemcpyDeviceToHost, stream_));
+  if (const size_t sb = kv_scale_bytes(cache, count)) {
+    LILY_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(host_dst) + eb, cache.scales, sb, cudaMemcpyDeviceToHost, stream_));
+  }
   LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void CudaBackend::copy_kv_from_host(const void* host_src, size_t count, const KvCacheView& cache) {
   require(cache.data != nullptr && host_src != nullptr, "copy_kv_from_host", "null buffers");
-  LILY_CUDA_CHECK(cudaMemcpyAsync(cache.data, host_src, count * kv_dtype_bytes(cache.dtype),
-                                  cudaMemcpyHostToDevice, stream_));
-  LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the host buffer may be reused at once
+  const size_t eb = count * kv_dtype_bytes(cache.dtype);
+  LILY_CUDA_CHECK(cudaMemcpyAsync(cache.data, host_src, eb, cudaMemcpyHostToDevice, stream_));
+  if (const size_t sb = kv_scale_bytes(cache, count)) {
+    LILY_CUDA_CHECK(cudaMemcpyAsync(cache.scales, static_cast<const char*>(host_src) + eb, sb, cudaMemcpyHostToDevice, stream_));
+  }
+  LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void CudaBackend::zero(float* buffer, size_t count) {
@@ -628,12 +650,17 @@ void CudaBackend::attention(const float* qg, const float* k, const float* v, KvC
   contract::check_attention(qg, k, v, k_cache, v_cache, capacity, dims, start_pos, n, out);
   const cuda::AttentionShape a = attention_shape(dims, "attention");
   // The contract has checked the buffers and that keys and values share one dtype.
-  const cuda::KvCaches caches{k_cache.data, v_cache.data,
-                              k_cache.dtype == KvDtype::bf16 ? cuda::KvType::bf16 : cuda::KvType::f32};
-  if (cuda::attention(qg, k, v, caches, capacity, a, start_pos.host, start_pos.device, n, out,
-                      *workspace_, launch_) == cuda::AttentionPath::decode_tensor_cores) {
-    ++counts_.tensor_core_decode_attention;
+  cuda::KvCaches caches{k_cache.data, v_cache.data, cuda::KvType::f32};
+  if (k_cache.dtype == KvDtype::bf16) caches.type = cuda::KvType::bf16;
+  if (k_cache.dtype == KvDtype::int8) {
+    caches.type = cuda::KvType::int8;
+    caches.key_scales = k_cache.scales;
+    caches.value_scales = v_cache.scales;
   }
+  const cuda::AttentionPath path = cuda::attention(qg, k, v, caches, capacity, a, start_pos.host,
+                                                   start_pos.device, n, out, *workspace_, launch_);
+  if (path == cuda::AttentionPath::decode_tensor_cores) ++counts_.tensor_core_decode_attention;
+  if (path == cuda::AttentionPath::decode_int8_tensor_cores) ++counts_.int8_tensor_core_decode_attention;
 }
 
 void CudaBackend::conv1d_silu(const float* mixed, float* window, const DenseView& weight,

@@ -50,7 +50,7 @@ class CudaBackend final : public Backend {
   int32_t* alloc_i32(size_t count) override;
   // f32 and bf16 KV caches (bf16: 2 bytes per element, 16-byte loads of 8 in the kernels).
   bool serves_kv_cache(KvDtype dtype) const override;
-  KvCacheView alloc_kv_cache(size_t count, KvDtype dtype) override;
+  KvCacheView alloc_kv_cache(size_t count, KvDtype dtype, int64_t head_dim) override;
   void zero_kv_cache(const KvCacheView& cache, size_t count) override;
   void copy_kv_to_host(const KvCacheView& cache, size_t count, void* host_dst) override;
   void copy_kv_from_host(const void* host_src, size_t count, const KvCacheView& cache) override;

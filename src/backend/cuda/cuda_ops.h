@@ -223,12 +223,15 @@ void attention_prepare(float* qg, float* k, const float* q_norm, const float* k_
                        const AttentionShape& a, int64_t pos_host, const int32_t* pos_device,
                        int64_t n, float eps, Stream s);
 // The two KV caches of an attention layer, [capacity, kv_heads, head_dim] each, of one
-// element type: f32, or bf16 (__nv_bfloat16, written with round-to-nearest-even).
-enum class KvType { f32, bf16 };
+// element type: f32, bf16 (__nv_bfloat16, written with round-to-nearest-even) or int8 (codes,
+// with key_scales / value_scales [capacity, kv_heads] f32: quantize_kv_row's, backend.h).
+enum class KvType { f32, bf16, int8 };
 struct KvCaches {
   void* keys = nullptr;
   void* values = nullptr;
   KvType type = KvType::f32;
+  float* key_scales = nullptr;    // int8 only
+  float* value_scales = nullptr;  // int8 only
 };
 // Writes k, v [n, kv_heads, head_dim] f32 into the caches at rows pos.. (bf16: rounded), then
 // causal attention of each query over cache rows 0..pos+t as stored (the new rows too, so a
@@ -238,10 +241,13 @@ struct KvCaches {
 // a graph is captured) and never touch rows >= capacity.
 // Returns the kernel path it took: decode (n == 1) over a bf16 cache with head_dim 256 and
 // query groups of 8 (the model's shape) runs on tensor cores, every other decode on CUDA cores.
-enum class AttentionPath { none, prefill, decode_cuda_cores, decode_tensor_cores };
+// An int8 cache with that shape decodes on tensor cores too (decode_int8_tensor_cores: int8
+// MMAs for the scores, bf16 for the value sum); its other shapes on CUDA cores.
+enum class AttentionPath { none, prefill, decode_cuda_cores, decode_tensor_cores, decode_int8_tensor_cores };
 // Whether the device has the shared memory the tensor-core decode kernel needs (else that shape
 // decodes on CUDA cores too).
 bool tensor_core_decode_attention_fits();
+bool int8_tensor_core_decode_attention_fits();
 AttentionPath attention(const float* qg, const float* k, const float* v, const KvCaches& caches,
                         int64_t capacity, const AttentionShape& a, int64_t pos_host,
                         const int32_t* pos_device, int64_t n, float* out, Workspace& ws,

@@ -120,6 +120,7 @@ struct CudaPathCounts {
   uint64_t fused_route_swiglu = 0;   // route_expert_swiglu in one launch (routing inside)
   uint64_t grouped_moe = 0;          // expert_swiglu / expert_down_combine, n > 8: grouped GEMMs
   uint64_t tensor_core_decode_attention = 0;  // attention, n == 1, bf16 cache, head_dim 256, groups of 8
+  uint64_t int8_tensor_core_decode_attention = 0;  // the same shape over an int8 cache
   uint64_t fused_conv_delta = 0;     // gated_delta_net_mixer, n == 1: conv inside the delta rule
   uint64_t pdl_launches = 0;         // kernels launched with programmatic dependent launch
 };

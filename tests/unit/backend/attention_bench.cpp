@@ -39,8 +39,8 @@ int run(int threads, int reps, const std::vector<int64_t>& contexts) {
     std::vector<float> qg = rng.uniform_vector(static_cast<size_t>(kPrefill * kDims.q_heads * 2 * kDims.head_dim), -1.0f, 1.0f);
     std::vector<float> out(static_cast<size_t>(kPrefill * kDims.q_heads * kDims.head_dim));
     for (KvDtype dtype : {KvDtype::f32, KvDtype::bf16}) {
-      const KvCacheView k = be->alloc_kv_cache(elements, dtype);
-      const KvCacheView v = be->alloc_kv_cache(elements, dtype);
+      const KvCacheView k = be->alloc_kv_cache(elements, dtype, kDims.head_dim);
+      const KvCacheView v = be->alloc_kv_cache(elements, dtype, kDims.head_dim);
       if (dtype == KvDtype::f32) {
         be->copy_kv_from_host(keys.data(), elements, k);
         be->copy_kv_from_host(values.data(), elements, v);

@@ -71,9 +71,9 @@ StepInput random_step(Rng& rng, const AttentionDims& d, int64_t n, float magnitu
 
 // A pair of KV caches of one dtype in CPU memory, every element poisoned (NaN) at the start.
 struct Caches {
-  Caches(Backend& be, KvDtype dtype, size_t count) : elements(count) {
-    keys = be.alloc_kv_cache(elements, dtype);
-    values = be.alloc_kv_cache(elements, dtype);
+  Caches(Backend& be, KvDtype dtype, size_t count, int64_t head_dim) : elements(count) {
+    keys = be.alloc_kv_cache(elements, dtype, head_dim);
+    values = be.alloc_kv_cache(elements, dtype, head_dim);
     EXPECT_EQ(keys.dtype, dtype);
     if (dtype == KvDtype::bf16) {
       const std::vector<uint16_t> poison(elements, kPoisonBits);
@@ -124,8 +124,8 @@ TEST(CpuBf16KvCache, AttentionMatchesTheFloat64ReferenceOverTheRoundedRows) {
     for (const AttentionDims& d : {small_dims(), model_dims(), tiny_dims()}) {
       const auto row = static_cast<size_t>(d.kv_heads * d.head_dim);
       const size_t elements = static_cast<size_t>(kCapacity) * row;
-      Caches bf16(*be, KvDtype::bf16, elements);
-      Caches f32(*be, KvDtype::f32, elements);
+      Caches bf16(*be, KvDtype::bf16, elements, d.head_dim);
+      Caches f32(*be, KvDtype::f32, elements, d.head_dim);
       std::vector<double> ref_k, ref_v;
       double worst = 0;
       double closest_to_f32 = INFINITY;
@@ -178,8 +178,8 @@ TEST(CpuBf16KvCache, BitIdenticalToTheF32CacheOnBf16Values) {
     for (int threads : {1, 2, 3, 5}) {
       Rng rng(72);
       auto be = cpu(threads);
-      Caches bf16(*be, KvDtype::bf16, elements);
-      Caches f32(*be, KvDtype::f32, elements);
+      Caches bf16(*be, KvDtype::bf16, elements, d.head_dim);
+      Caches f32(*be, KvDtype::f32, elements, d.head_dim);
       size_t index = 0;
       for (const Step& s : schedule()) {
         StepInput in = random_step(rng, d, s.n, s.n == 2 ? 30.0f : 1.0f);
@@ -210,7 +210,7 @@ TEST(CpuBf16KvCache, AllocZeroAndHostCopiesUseTheElementSize) {
   EXPECT_TRUE(be->serves_kv_cache(KvDtype::f32));
   EXPECT_TRUE(be->serves_kv_cache(KvDtype::bf16));
   const uint64_t before = be->allocated_bytes();
-  const KvCacheView c = be->alloc_kv_cache(40, KvDtype::bf16);
+  const KvCacheView c = be->alloc_kv_cache(40, KvDtype::bf16, 8);
   EXPECT_EQ(be->allocated_bytes() - before, 80u);
   ASSERT_EQ(c.dtype, KvDtype::bf16);
   ASSERT_NE(c.bf16_bits(), nullptr);
@@ -231,7 +231,7 @@ TEST(CpuBf16KvCache, AllocZeroAndHostCopiesUseTheElementSize) {
   }
   // f32 caches keep 4 bytes an element.
   const uint64_t mid = be->allocated_bytes();
-  const KvCacheView f = be->alloc_kv_cache(40, KvDtype::f32);
+  const KvCacheView f = be->alloc_kv_cache(40, KvDtype::f32, 8);
   EXPECT_EQ(be->allocated_bytes() - mid, 160u);
   std::vector<float> fh(40, 1.0f);
   be->copy_kv_from_host(fh.data(), 40, f);

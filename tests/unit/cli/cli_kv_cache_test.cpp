@@ -1,4 +1,4 @@
-// --kv-cache f32|bf16 on run, bench and serve: bad values refused before loading, bf16 accepted on the CPU, f32 the default.
+// --kv-cache f32|bf16|int8 on run, bench and serve: bad values refused before loading, bf16 and int8 accepted on the CPU, f32 the default.
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -60,7 +60,7 @@ TEST_F(KvCacheOption, AnUnknownTypeIsRefusedNamingTheChoices) {
         EXPECT_NE(run.err.find("option --kv-cache needs a value"), std::string::npos) << run.err;
       } else {
         EXPECT_NE(run.err.find(std::string("error: --kv-cache is \"") + value +
-                               "\", expected f32 or bf16"),
+                               "\", expected f32, bf16 or int8"),
                   std::string::npos)
             << base << "\n" << run.err;
       }
@@ -69,9 +69,9 @@ TEST_F(KvCacheOption, AnUnknownTypeIsRefusedNamingTheChoices) {
   }
 }
 
-TEST_F(KvCacheOption, BothTypesWithDeviceCpuGetAsFarAsLoading) {
+TEST_F(KvCacheOption, EveryTypeWithDeviceCpuGetsAsFarAsLoading) {
   for (const char* base : kCommands) {
-    for (const char* value : {"bf16", "f32"}) {
+    for (const char* value : {"bf16", "f32", "int8"}) {
       const test::LilyRun run = test::run_lily(command(base, std::string("--device cpu --kv-cache ") + value));
       EXPECT_EQ(run.exit_code, 2) << base << " " << value << "\n" << run.err;
       EXPECT_NE(run.err.find(kNoModel), std::string::npos) << base << " " << value << "\n" << run.err;
@@ -83,7 +83,7 @@ TEST_F(KvCacheOption, BothTypesWithDeviceCpuGetAsFarAsLoading) {
 TEST_F(KvCacheOption, ServeReadsTheVariableAndTheConfigFile) {
   ::setenv("LILY_KV_CACHE", "fp8", 1);
   expect_error(test::run_lily(command("serve", "--bind 127.0.0.1:0")),
-               "LILY_KV_CACHE is \"fp8\", expected f32 or bf16");
+               "LILY_KV_CACHE is \"fp8\", expected f32, bf16 or int8");
   // bf16 from the variable is served on the CPU: serve gets as far as loading.
   ::setenv("LILY_KV_CACHE", "bf16", 1);
   ::setenv("LILY_DEVICE", "cpu", 1);
@@ -99,7 +99,7 @@ TEST_F(KvCacheOption, ServeReadsTheVariableAndTheConfigFile) {
   const fs::path file = fs::temp_directory_path() / ("lily_kv_" + std::to_string(::getpid()) + ".toml");
   std::ofstream(file) << "kv-cache = \"f8\"\n";
   expect_error(test::run_lily(command("serve", "--bind 127.0.0.1:0 --config " + file.string())),
-               file.string() + ": kv-cache is \"f8\", expected f32 or bf16");
+               file.string() + ": kv-cache is \"f8\", expected f32, bf16 or int8");
   fs::remove(file);
 }
 

@@ -220,14 +220,17 @@ TEST(DecodeStateBytes, CountsEveryBufferTheConstructorAllocates) {
   // in f32, 20 KiB in bf16 (docs/cuda.md).
   EXPECT_EQ(DecodeState::kv_bytes_per_token(ModelShape::production(), KvDtype::f32), 40960u);
   EXPECT_EQ(DecodeState::kv_bytes_per_token(ModelShape::production(), KvDtype::bf16), 20480u);
+  // int8: 1 byte a value plus an f32 scale per (token, kv head) row of 256: 10 x 2 x 2 x (256 + 4).
+  EXPECT_EQ(DecodeState::kv_bytes_per_token(ModelShape::production(), KvDtype::int8), 10400u);
 }
 
 // The CPU backend serves both dtypes: a bf16 state's caches are bf16, and the backend holds
-// exactly DecodeState::bytes for it, 2 bytes per KV element.
+// exactly DecodeState::bytes for it, 2 bytes per KV element; an int8 state's caches are int8,
+// 1 byte per element plus a 4-byte scale per row of head_dim.
 TEST(DecodeStateBytes, TheCpuBackendAllocatesABf16CacheAtTwoBytesAnElement) {
   const Checkpoint& checkpoint = testing::tiny_checkpoint(1);
   const ModelShape& shape = checkpoint.config.shape;
-  for (KvDtype dtype : {KvDtype::f32, KvDtype::bf16}) {
+  for (KvDtype dtype : {KvDtype::f32, KvDtype::bf16, KvDtype::int8}) {
     std::unique_ptr<Backend> backend = make_cpu_backend(1);
     EXPECT_TRUE(backend->serves_kv_cache(dtype));
     const uint64_t before = backend->allocated_bytes();
