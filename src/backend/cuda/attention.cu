@@ -24,6 +24,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include <cuda_fp16.h>
+
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/ptx.cuh"
@@ -54,6 +56,43 @@ __device__ __forceinline__ void int8x4_to_f32(uint32_t w, float (&f)[4]) {
   const uint32_t u = w ^ 0x80808080u;
 #pragma unroll
   for (int j = 0; j < 4; ++j) f[j] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440u + j)) - 8388736.0f;
+}
+
+// One warp quantises one cache row of 32 * kPer values, lane l holding values l * kPer ..
+// (x), as quantize_kv_row (backend.h) does on the CPU, with the same f32 operations: max |x|,
+// codes rint(x * (127 / max)) clamped to [-127, 127], scale max / 127; an all-zero row scale
+// 0, a row with a non-finite value scale NaN, codes 0. Writes the lane's codes at codes + l *
+// kPer and lane 0 the scale. Every lane of the warp must call it.
+template <int kPer>
+__device__ __forceinline__ void quantize_row_warp(const float (&x)[kPer], int lane, int8_t* codes, float* scale) {
+  float m = 0.0f;
+  bool finite = true;
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    finite = finite && isfinite(x[i]);
+    m = fmaxf(m, fabsf(x[i]));
+  }
+  m = warp_max(m);
+  finite = __all_sync(0xffffffffu, finite);
+  uint32_t words[(kPer + 3) / 4] = {};
+  if (finite && m > 0.0f) {
+    const float inv = __fdiv_rn(127.0f, m);
+#pragma unroll
+    for (int i = 0; i < kPer; ++i) {
+      const float q = fminf(fmaxf(rintf(__fmul_rn(x[i], inv)), -127.0f), 127.0f);
+      words[i / 4] |= (static_cast<uint32_t>(static_cast<int>(q)) & 0xffu) << (8 * (i % 4));
+    }
+  }
+  int8_t* dst = codes + lane * kPer;
+  if constexpr (kPer == 8) {
+    *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
+  } else if constexpr (kPer == 4) {
+    *reinterpret_cast<uint32_t*>(dst) = words[0];
+  } else {
+    static_assert(kPer == 2, "head_dim 64, 128 or 256");
+    *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(words[0]);
+  }
+  if (lane == 0) *scale = finite ? (m > 0.0f ? __fdiv_rn(m, 127.0f) : 0.0f) : __int_as_float(0x7fc00000);
 }
 
 // x as a KV cache element (bf16: round-to-nearest-even).
@@ -831,16 +870,18 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 // ============================== decode on tensor cores, int8 cache =========================
 // The model's shape (head_dim 256, 8 query heads per KV head) over an int8 cache, grid
 // (kv_heads, splits), kT8Threads threads, 2 blocks an SM. The cache rows are int8 codes with an
-// f32 scale per (token, kv head) row, all written by store_int8_rows_kernel before this launch.
+// f32 scale per (token, kv head) row; the new row P is quantised by the block whose split holds
+// it (quantize_row_warp, as store_int8_rows_kernel writes the prefill's rows).
 //   S = Q K^T on mma.sync m16n8k32 s8 x s8 -> s32, exact: the 16 rows are the 8 heads' query
 //   codes in two planes, q = s_q (hi + lo / 256) with s_q = max |q| / 127 of the head (the
 //   planes keep about 15 bits of q where bf16 hi + lo keeps 16); N = 8 keys per n-tile, K = 256
 //   dims in 8 k-steps of 32, the dims permuted as in decode_tc_kernel so that thread (g, t)
 //   reads 8 bytes of a key row per k-step (dims 32p + 8t .. +7: k = 4t.. in b0, 16 + 4t.. in
 //   b1). A score is s_q s_k (hi + lo / 256) / sqrt(256).
-//   O += P V on m16n8k16 bf16 as decode_tc_kernel, with p s_v (the value row's scale folded
-//   into its weight) split hi | lo, and the value codes widened exactly to bf16 (|code| <= 127
-//   fits bf16's 8 significant bits).
+//   O += P V on m16n8k16 f16 -> f32, in units of the split's largest value-row scale S: each
+//   weight times its row's scale over S (at most 1) split into f16 hi | lo, the value codes
+//   exactly as f16 (two byte permutes and an f16 subtraction per pair of keys, against four
+//   int -> f32 conversions and a pack for bf16); the merged sums are multiplied back by S.
 // Each warp streams its own tiles of 16 keys (codes and both scales) through a 2-stage
 // cp.async ring, as decode_tc_kernel.
 constexpr int kT8Threads = kTcWarps * 32;
@@ -870,20 +911,47 @@ __device__ __forceinline__ uint32_t pack_s8x4(int a, int b, int c, int d) {
          ((static_cast<uint32_t>(c) & 0xffu) << 16) | (static_cast<uint32_t>(d) << 24);
 }
 
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);  // .x (low half) = lo
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+// Dims i = 0..3 of two value rows as f16 pairs {row a dim i, row b dim i}, exactly: ua, ub are
+// four codes each (dims 0..3) with 128 added (x ^ 0x80808080); the bytes are interleaved, put
+// under f16's 1024 (0x64 in the high byte: 1024 + byte), and 1152 = 1024 + 128 subtracted.
+__device__ __forceinline__ void value_pairs_f16(uint32_t ua, uint32_t ub, uint32_t (&out)[4]) {
+  constexpr uint32_t kMagic = 0x64646464u;
+  const uint32_t z0 = __byte_perm(ua, ub, 0x5140);  // a0 b0 a1 b1
+  const uint32_t z1 = __byte_perm(ua, ub, 0x7362);  // a2 b2 a3 b3
+  const uint32_t w[4] = {__byte_perm(z0, kMagic, 0x7150), __byte_perm(z0, kMagic, 0x7352),
+                         __byte_perm(z1, kMagic, 0x7150), __byte_perm(z1, kMagic, 0x7352)};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(out[i]) : "r"(w[i]), "r"(0x64806480u));
+}
+
 __global__ void __launch_bounds__(kT8Threads, 2)
-    decode_tc_int8_kernel(const float* qg, const int8_t* k_cache, const int8_t* v_cache,
-                          const float* k_scales, const float* v_scales, int64_t capacity,
+    decode_tc_int8_kernel(const float* qg, const float* k, const float* v, int8_t* k_cache,
+                          int8_t* v_cache, float* k_scales, float* v_scales, int64_t capacity,
                           int kv_heads, int64_t pos_host, const int32_t* pos_device, int splits,
                           float scale, float* part_o, float* part_ml) {
   extern __shared__ __align__(16) unsigned char tc_smem[];
   __shared__ float s_m[kTcWarps][kTcG];
   __shared__ float s_l[kTcWarps][kTcG];
-  __shared__ float s_q[kTcG];  // each head's query scale
+  __shared__ float s_q[kTcG];         // each head's query scale
+  __shared__ float s_vmax[kTcWarps];  // the warps' largest value-row scales
   grid_dependency_wait();
   DecodeSplit range;
   const int split = blockIdx.y;
   if (!decode_split_range(pos_host, pos_device, capacity, split, splits, range)) return;
-  const int64_t begin = range.begin, end = range.end;
+  const int64_t P = range.P, begin = range.begin, end = range.end;
   const int kvh = blockIdx.x;
   const int64_t row = static_cast<int64_t>(kv_heads) * kTcD;  // cache bytes per position
   const int warp = threadIdx.x >> 5;
@@ -891,7 +959,22 @@ __global__ void __launch_bounds__(kT8Threads, 2)
   const int g = lane >> 2;
   const int t = lane & 3;
 
-  // Each head's max |q| (warp w: heads 2w, 2w + 1), then the two planes of the fragments.
+  // Row P: the block whose range holds it quantises it into the cache (warp 0 the key, warp 1
+  // the value) before anything is staged, so no block reads a row another block writes.
+  if (begin <= P && P < end && warp < 2) {
+    const float* src = (warp == 0 ? k : v) + kvh * kTcD + lane * 8;
+    const float4 a = *reinterpret_cast<const float4*>(src);
+    const float4 b = *reinterpret_cast<const float4*>(src + 4);
+    const float x[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
+    quantize_row_warp<8>(x, lane, (warp == 0 ? k_cache : v_cache) + P * row + kvh * kTcD,
+                         (warp == 0 ? k_scales : v_scales) + P * kv_heads + kvh);
+    __threadfence_block();
+  }
+  __syncthreads();
+
+  // Each head's max |q| (warp w: heads 2w, 2w + 1), and the largest value-row scale of the
+  // split: the value sum runs in units of it, so that each weight times its row's scale is at
+  // most 1 and fits f16.
   for (int h = 2 * warp; h < 2 * warp + 2; ++h) {
     const float* q = qg + static_cast<int64_t>(kvh * kTcG + h) * 2 * kTcD;
     float m = 0.0f;
@@ -899,6 +982,12 @@ __global__ void __launch_bounds__(kT8Threads, 2)
     for (int i = 0; i < kTcD / 32; ++i) m = fmaxf(m, fabsf(q[lane + 32 * i]));
     m = warp_max(m);
     if (lane == 0) s_q[h] = m / 127.0f;
+  }
+  {
+    float m = 0.0f;  // fmaxf skips a NaN scale: its row still reads NaN below
+    for (int64_t j = begin + threadIdx.x; j < end; j += kT8Threads) m = fmaxf(m, v_scales[j * kv_heads + kvh]);
+    m = warp_max(m);
+    if (lane == 0) s_vmax[warp] = m;
   }
   __syncthreads();
   uint4* q_frag = reinterpret_cast<uint4*>(tc_smem + kTcWarps * kTcStages * kT8StageBytes);
@@ -925,6 +1014,8 @@ __global__ void __launch_bounds__(kT8Threads, 2)
   }
   __syncthreads();
   const float sq_g = s_q[g] * scale;
+  const float vmax = fmaxf(fmaxf(s_vmax[0], s_vmax[1]), fmaxf(s_vmax[2], s_vmax[3]));
+  const float inv_vmax = vmax > 0.0f ? 1.0f / vmax : 0.0f;
 
   const int64_t tiles = (end - begin + kTcKeys - 1) / kTcKeys;
   unsigned char* ring = tc_smem + warp * kTcStages * kT8StageBytes;
@@ -1014,36 +1105,35 @@ __global__ void __launch_bounds__(kT8Threads, 2)
         for (int c = 0; c < 4; ++c) acc[n][c] *= corr;
       }
     }
-    // The weights times their value rows' scales (0 for rows past the end), hi | lo.
+    // The weights times their value rows' scales over the split's largest (<= 1; 0 for rows
+    // past the end), as f16 hi | lo.
     float pv[4], ph[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-      pv[i] = first + key_of[i] < end ? p[i] * sv[key_of[i]] : 0.0f;
-      ph[i] = __bfloat162float(__float2bfloat16_rn(pv[i]));
+      pv[i] = first + key_of[i] < end ? p[i] * (sv[key_of[i]] * inv_vmax) : 0.0f;
+      ph[i] = __half2float(__float2half_rn(pv[i]));
     }
-    const uint32_t pa[4] = {ptx::pack_bf16(ph[0], ph[1]), ptx::pack_bf16(pv[0] - ph[0], pv[1] - ph[1]),
-                            ptx::pack_bf16(ph[2], ph[3]), ptx::pack_bf16(pv[2] - ph[2], pv[3] - ph[3])};
-    // O += P V: this thread's B columns are dims 64q + 8g + i of keys 2t, 2t+1, 8+2t, 9+2t.
+    const uint32_t pa[4] = {pack_f16(ph[0], ph[1]), pack_f16(pv[0] - ph[0], pv[1] - ph[1]),
+                            pack_f16(ph[2], ph[3]), pack_f16(pv[2] - ph[2], pv[3] - ph[3])};
+    // O += P V: this thread's B columns are dims 64q + 8g + i of keys 2t, 2t+1, 8+2t, 9+2t,
+    // the codes exactly as f16.
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
       const int col = 64 * q + 8 * g;
-      float v[4][8];
+      uint2 w[4];
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const uint2 w = *reinterpret_cast<const uint2*>(vb + key_of[r] * kT8VStride + col);
-        float lo4[4], hi4[4];
-        int8x4_to_f32(w.x, lo4);
-        int8x4_to_f32(w.y, hi4);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          v[r][i] = lo4[i];
-          v[r][4 + i] = hi4[i];
-        }
+        w[r] = *reinterpret_cast<const uint2*>(vb + key_of[r] * kT8VStride + col);
+        w[r].x ^= 0x80808080u;
+        w[r].y ^= 0x80808080u;
       }
+      uint32_t b0[8], b1[8];  // dim i: keys 2t, 2t+1 | keys 8+2t, 9+2t
+      value_pairs_f16(w[0].x, w[1].x, *reinterpret_cast<uint32_t(*)[4]>(&b0[0]));
+      value_pairs_f16(w[0].y, w[1].y, *reinterpret_cast<uint32_t(*)[4]>(&b0[4]));
+      value_pairs_f16(w[2].x, w[3].x, *reinterpret_cast<uint32_t(*)[4]>(&b1[0]));
+      value_pairs_f16(w[2].y, w[3].y, *reinterpret_cast<uint32_t(*)[4]>(&b1[4]));
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        ptx::mma_bf16(acc[8 * q + i], pa, ptx::pack_bf16(v[0][i], v[1][i]), ptx::pack_bf16(v[2][i], v[3][i]));
-      }
+      for (int i = 0; i < 8; ++i) mma_f16(acc[8 * q + i], pa, b0[i], b1[i]);
     }
     __syncwarp();
     const int64_t next = tile + static_cast<int64_t>(kTcStages) * kTcWarps;
@@ -1064,7 +1154,7 @@ __global__ void __launch_bounds__(kT8Threads, 2)
   __syncthreads();
   float mx = kNegInf;
   for (int w = 0; w < kTcWarps; ++w) mx = fmaxf(mx, s_m[w][g]);
-  const float f = m_run == kNegInf ? 0.0f : expf(m_run - mx);
+  const float f = m_run == kNegInf ? 0.0f : expf(m_run - mx) * vmax;  // and back from vmax's units
   float* s_acc = reinterpret_cast<float*>(tc_smem);  // [8][256]
   for (int w = 0; w < kTcWarps; ++w) {
     if (warp == w) {
@@ -1320,9 +1410,7 @@ __global__ void store_bf16_rows_kernel(const float* k, const float* v, __nv_bflo
 
 // ============================== cache write (int8) ======================================
 // One warp per (row, K | V): rows r < rows of k / v [rows, head_dim] (rows = n * kv_heads) go to
-// cache row pos * kv_heads + r, quantised as quantize_kv_row (backend.h) does on the CPU, with
-// the same f32 operations: max |x| over the row, codes rint(x * (127 / max)) clamped to
-// [-127, 127], scale max / 127; an all-zero row scale 0, a non-finite one scale NaN, codes 0.
+// cache row pos * kv_heads + r, quantised by quantize_row_warp (the CPU's quantize_kv_row).
 // With pos_device (a decode step, n == 1) the position is read here, and a row past
 // `capacity` is not written (the attention kernels skip that position too).
 constexpr int kStoreWarps = 8;
@@ -1336,45 +1424,17 @@ __global__ void __launch_bounds__(kStoreWarps * 32)
   constexpr int kPer = D / 32;
   const int lane = threadIdx.x & 31;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kStoreWarps + (threadIdx.x >> 5);
-  if (item >= 2 * rows) return;
+  if (item >= 2 * rows) return;  // whole warps: item depends on the warp only
   const int64_t pos = read_position(pos_host, pos_device);
   const int64_t r = item >> 1;
   if (pos < 0 || pos + r / kv_heads >= capacity) return;
   const bool values = (item & 1) != 0;
   const float* src = (values ? v : k) + r * D + lane * kPer;
   float x[kPer];
-  float m = 0.0f;
-  bool finite = true;
 #pragma unroll
-  for (int i = 0; i < kPer; ++i) {
-    x[i] = src[i];
-    finite = finite && isfinite(x[i]);
-    m = fmaxf(m, fabsf(x[i]));
-  }
-  m = warp_max(m);
-  finite = __all_sync(0xffffffffu, finite);
+  for (int i = 0; i < kPer; ++i) x[i] = src[i];
   const int64_t at = pos * kv_heads + r;
-  uint32_t words[(kPer + 3) / 4] = {};
-  if (finite && m > 0.0f) {
-    const float inv = __fdiv_rn(127.0f, m);
-#pragma unroll
-    for (int i = 0; i < kPer; ++i) {
-      const float q = fminf(fmaxf(rintf(__fmul_rn(x[i], inv)), -127.0f), 127.0f);
-      words[i / 4] |= (static_cast<uint32_t>(static_cast<int>(q)) & 0xffu) << (8 * (i % 4));
-    }
-  }
-  int8_t* dst = (values ? v_codes : k_codes) + at * D + lane * kPer;
-  if constexpr (kPer == 8) {
-    *reinterpret_cast<uint2*>(dst) = make_uint2(words[0], words[1]);
-  } else if constexpr (kPer == 4) {
-    *reinterpret_cast<uint32_t*>(dst) = words[0];
-  } else {
-    static_assert(kPer == 2, "head_dim 64, 128 or 256");
-    *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(words[0]);
-  }
-  if (lane == 0) {
-    (values ? v_scales : k_scales)[at] = finite ? (m > 0.0f ? __fdiv_rn(m, 127.0f) : 0.0f) : __int_as_float(0x7fc00000);
-  }
+  quantize_row_warp<kPer>(x, lane, (values ? v_codes : k_codes) + at * D, (values ? v_scales : k_scales) + at);
 }
 
 // ============================== host side ===============================================
@@ -1484,10 +1544,8 @@ AttentionPath launch_decode(const float* qg, const float* k, const float* v, con
         configured = true;
       }
       launch(decode_tc_int8_kernel, dim3(static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(splits)),
-             kT8Threads, kT8SmemBytes, s, qg, static_cast<const int8_t*>(k_cache),
-             static_cast<const int8_t*>(v_cache), static_cast<const float*>(c.key_scales),
-             static_cast<const float*>(c.value_scales), capacity, a.kv_heads, pos_host, pos_device,
-             splits, scale, part_o, part_ml);
+             kT8Threads, kT8SmemBytes, s, qg, k, v, k_cache, v_cache, c.key_scales, c.value_scales,
+             capacity, a.kv_heads, pos_host, pos_device, splits, scale, part_o, part_ml);
     }
   }
   if (!tensor_cores) {
@@ -1571,7 +1629,13 @@ AttentionPath launch_attention(const float* qg, const float* k, const float* v, 
                       int64_t capacity, const AttentionShape& a, int64_t pos_host,
                       const int32_t* pos_device, int64_t n, float* out, Workspace& ws,
                       Stream s) {
-  if constexpr (kIsInt8<KV>) store_int8_rows<D>(k, v, c, a, pos_host, pos_device, capacity, n, s);
+  if constexpr (kIsInt8<KV>) {
+    // The tensor-core decode quantises its new row itself; the other int8 paths read it from
+    // the cache.
+    const bool row_in_kernel = n == 1 && D == kTcD && a.q_heads == kTcG * a.kv_heads &&
+                               int8_tensor_core_decode_attention_fits();
+    if (!row_in_kernel) store_int8_rows<D>(k, v, c, a, pos_host, pos_device, capacity, n, s);
+  }
   if (n == 1) {
     return launch_decode<D, KV>(qg, k, v, c, capacity, a, pos_host, pos_device, out, ws, s);
   }
