@@ -46,27 +46,6 @@ std::string dims_label(const AttentionDims& d) {
          " D=" + std::to_string(d.head_dim);
 }
 
-// The host image of an int8 cache (backend.h): count codes, then count / head_dim f32 scales.
-struct Int8Image {
-  std::vector<int8_t> codes;
-  std::vector<float> scales;
-};
-Int8Image read_int8(Backend& be, const KvCacheView& cache, size_t count, int64_t head_dim) {
-  const size_t rows = count / static_cast<size_t>(head_dim);
-  std::vector<char> bytes(kv_cache_bytes(KvDtype::int8, count, head_dim));
-  be.copy_kv_to_host(cache, count, bytes.data());
-  Int8Image image{std::vector<int8_t>(count), std::vector<float>(rows)};
-  std::memcpy(image.codes.data(), bytes.data(), count);
-  std::memcpy(image.scales.data(), bytes.data() + count, rows * sizeof(float));
-  return image;
-}
-void write_int8(Backend& be, const KvCacheView& cache, const Int8Image& image) {
-  std::vector<char> bytes(image.codes.size() + image.scales.size() * sizeof(float));
-  std::memcpy(bytes.data(), image.codes.data(), image.codes.size());
-  std::memcpy(bytes.data() + image.codes.size(), image.scales.data(), image.scales.size() * sizeof(float));
-  be.copy_kv_from_host(bytes.data(), image.codes.size(), cache);
-}
-
 bool same_float_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0 || (std::isnan(a) && std::isnan(b)); }
 
 // Random rows, each of its own magnitude (so each has its own scale).
@@ -90,10 +69,10 @@ class Int8AttentionRunner {
     v8_ = cuda_.alloc_kv_cache(elements_, KvDtype::int8, dims.head_dim);
     EXPECT_EQ(k8_.dtype, KvDtype::int8);
     // Scales NaN: a row read before it is written reaches the output.
-    const Int8Image poison{std::vector<int8_t>(elements_, 0),
+    const Int8KvImage poison{std::vector<int8_t>(elements_, 0),
                            std::vector<float>(rows_total(), std::numeric_limits<float>::quiet_NaN())};
-    write_int8(cuda_, k8_, poison);
-    write_int8(cuda_, v8_, poison);
+    write_int8_kv(cuda_, k8_, poison);
+    write_int8_kv(cuda_, v8_, poison);
     k32_ = cuda_.alloc(elements_);
     v32_ = cuda_.alloc(elements_);
     pos_ = to_device(cuda_, std::vector<int32_t>{0});
@@ -110,8 +89,8 @@ class Int8AttentionRunner {
     const size_t heads_rows = static_cast<size_t>(rows * dims_.kv_heads);
     const std::vector<float> k = random_rows(rng, heads_rows, D, 1.0f);
     const std::vector<float> v = random_rows(rng, heads_rows, D, 2.0f);
-    Int8Image ki{std::vector<int8_t>(elements_, 0), std::vector<float>(rows_total(), NAN)};
-    Int8Image vi = ki;
+    Int8KvImage ki{std::vector<int8_t>(elements_, 0), std::vector<float>(rows_total(), NAN)};
+    Int8KvImage vi = ki;
     for (size_t r = 0; r < heads_rows; ++r) {
       const size_t at = r * static_cast<size_t>(D);
       ki.scales[r] = quantize_kv_row(k.data() + at, D, ki.codes.data() + at);
@@ -121,8 +100,8 @@ class Int8AttentionRunner {
         ref_v_[at + static_cast<size_t>(i)] = static_cast<double>(vi.codes[at + static_cast<size_t>(i)]) * static_cast<double>(vi.scales[r]);
       }
     }
-    write_int8(cuda_, k8_, ki);
-    write_int8(cuda_, v8_, vi);
+    write_int8_kv(cuda_, k8_, ki);
+    write_int8_kv(cuda_, v8_, vi);
     cuda_.copy_from_host(k.data(), k.size(), k32_);
     cuda_.copy_from_host(v.data(), v.size(), v32_);
   }
@@ -159,8 +138,8 @@ class Int8AttentionRunner {
                               (device_pos ? " (device pos)" : "");
 
     // The new rows: quantize_kv_row's codes and scale, bit for bit; later rows untouched.
-    const Int8Image kh = read_int8(cuda_, k8_, elements_, D);
-    const Int8Image vh = read_int8(cuda_, v8_, elements_, D);
+    const Int8KvImage kh = read_int8_kv(cuda_, k8_, elements_, D);
+    const Int8KvImage vh = read_int8_kv(cuda_, v8_, elements_, D);
     std::vector<double> k_stored(k.size()), v_stored(v.size());
     std::vector<int8_t> want(static_cast<size_t>(D));
     for (size_t r = 0; r < k.size() / static_cast<size_t>(D); ++r) {
@@ -279,7 +258,7 @@ TEST(CudaInt8KvCache, SpecialRowsAreStoredAsTheCpuStoresThem) {
     float* dqg = to_device(*be, std::vector<float>(static_cast<size_t>(n * d.q_heads * 2 * D), 0.01f));
     float* dout = be->alloc(static_cast<size_t>(n * d.q_heads * D));
     be->attention(dqg, to_device(*be, k), to_device(*be, v), kc, vc, 8, d, 0, n, dout);
-    const Int8Image got = read_int8(*be, kc, elements, D);
+    const Int8KvImage got = read_int8_kv(*be, kc, elements, D);
     std::vector<int8_t> want(static_cast<size_t>(D));
     for (size_t r = 0; r < rows; ++r) {
       const float s = quantize_kv_row(k.data() + r * static_cast<size_t>(D), D, want.data());

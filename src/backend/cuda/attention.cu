@@ -664,6 +664,63 @@ constexpr bool kTensorCoreDecode = kIsBf16<KV> && D == kTcD && G == kTcG;
 
 // Grid (kv_heads, splits), kTcThreads threads, kTcSmemBytes of dynamic shared memory. Partials
 // as decode_split_kernel: o [kv_heads, splits, 8, 256], ml [kv_heads, splits, 8, 2].
+// The end of a tensor-core decode block (decode_tc_kernel, decode_tc_int8_kernel): head g's
+// running sum over its 4 threads, then the warps merged as decode_split_kernel does (common max,
+// rescaled sums, value sums added warp by warp in a fixed order) into the split's partials
+// o [kv_heads, splits, 8, 256], ml [kv_heads, splits, 8, 2]. The value sums are multiplied by
+// `unit` (the int8 kernel's value-scale units; 1 for bf16). `merge` is the block's staging
+// memory (8 x 256 floats), free once every warp is past its ring.
+__device__ __forceinline__ void tc_merge_store(const float (&acc)[kTcNTiles][4], float m_run, float l_run,
+                                               float unit, float (&s_m)[kTcWarps][kTcG],
+                                               float (&s_l)[kTcWarps][kTcG], unsigned char* merge,
+                                               int kvh, int split, int splits, float* part_o,
+                                               float* part_ml) {
+  const int warp = threadIdx.x >> 5;
+  const int lane = threadIdx.x & 31;
+  const int g = lane >> 2;
+  const int t = lane & 3;
+  float l_head = l_run + __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_head += __shfl_xor_sync(0xffffffffu, l_head, 2);
+  if (t == 0) {
+    s_m[warp][g] = m_run;
+    s_l[warp][g] = l_head;
+  }
+  __syncthreads();  // also: every warp is done with its ring, which now holds the merge
+  float mx = kNegInf;
+  for (int w = 0; w < kTcWarps; ++w) mx = fmaxf(mx, s_m[w][g]);
+  const float f = m_run == kNegInf ? 0.0f : expf(m_run - mx) * unit;
+  float* s_acc = reinterpret_cast<float*>(merge);  // [8][256]
+  for (int w = 0; w < kTcWarps; ++w) {
+    if (warp == w) {
+#pragma unroll
+      for (int n = 0; n < kTcNTiles; ++n) {
+        // n-tile 8q + i: columns 2t, 2t+1 are dims 64q + 16t + i and 64q + 16t + 8 + i.
+        const int d0 = 64 * (n >> 3) + 16 * t + (n & 7);
+        const float o0 = (acc[n][0] + acc[n][2]) * f;
+        const float o1 = (acc[n][1] + acc[n][3]) * f;
+        float* at = s_acc + g * kTcD;
+        at[d0] = w == 0 ? o0 : at[d0] + o0;
+        at[d0 + 8] = w == 0 ? o1 : at[d0 + 8] + o1;
+      }
+    }
+    __syncthreads();
+  }
+  const int64_t base = (static_cast<int64_t>(kvh) * splits + split) * kTcG;
+  for (int i = threadIdx.x; i < kTcG * kTcD; i += kTcThreads) part_o[base * kTcD + i] = s_acc[i];
+  if (threadIdx.x < kTcG) {
+    const int h = threadIdx.x;
+    float m = kNegInf;
+    for (int w = 0; w < kTcWarps; ++w) m = fmaxf(m, s_m[w][h]);
+    float sum = 0.0f;
+    for (int w = 0; w < kTcWarps; ++w) {
+      const float mw = s_m[w][h];
+      sum += mw == kNegInf ? 0.0f : s_l[w][h] * expf(mw - m);
+    }
+    part_ml[(base + h) * 2 + 0] = m;
+    part_ml[(base + h) * 2 + 1] = sum;
+  }
+}
+
 __global__ void __launch_bounds__(kTcThreads, 1)
     decode_tc_kernel(const float* qg, const float* k, const float* v, __nv_bfloat16* k_cache,
                      __nv_bfloat16* v_cache, int64_t capacity, int kv_heads, int64_t pos_host,
@@ -823,48 +880,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   }
   ptx::cp_async_wait_all();
 
-  // Head g's sum over its 4 threads; merge the warps as decode_split_kernel does (common max,
-  // rescaled sums, value sums added warp by warp in a fixed order).
-  float l_head = l_run + __shfl_xor_sync(0xffffffffu, l_run, 1);
-  l_head += __shfl_xor_sync(0xffffffffu, l_head, 2);
-  if (t == 0) {
-    s_m[warp][g] = m_run;
-    s_l[warp][g] = l_head;
-  }
-  __syncthreads();  // also: every warp is done with its ring, which now holds the merge
-  float mx = kNegInf;
-  for (int w = 0; w < kTcWarps; ++w) mx = fmaxf(mx, s_m[w][g]);
-  const float f = m_run == kNegInf ? 0.0f : expf(m_run - mx);
-  float* s_acc = reinterpret_cast<float*>(tc_smem);  // [8][256]
-  for (int w = 0; w < kTcWarps; ++w) {
-    if (warp == w) {
-#pragma unroll
-      for (int n = 0; n < kTcNTiles; ++n) {
-        // n-tile 8q + i: columns 2t, 2t+1 are dims 64q + 16t + i and 64q + 16t + 8 + i.
-        const int d0 = 64 * (n >> 3) + 16 * t + (n & 7);
-        const float o0 = (acc[n][0] + acc[n][2]) * f;
-        const float o1 = (acc[n][1] + acc[n][3]) * f;
-        float* at = s_acc + g * kTcD;
-        at[d0] = w == 0 ? o0 : at[d0] + o0;
-        at[d0 + 8] = w == 0 ? o1 : at[d0 + 8] + o1;
-      }
-    }
-    __syncthreads();
-  }
-  const int64_t base = (static_cast<int64_t>(kvh) * splits + split) * kTcG;
-  for (int i = threadIdx.x; i < kTcG * kTcD; i += kTcThreads) part_o[base * kTcD + i] = s_acc[i];
-  if (threadIdx.x < kTcG) {
-    const int h = threadIdx.x;
-    float m = kNegInf;
-    for (int w = 0; w < kTcWarps; ++w) m = fmaxf(m, s_m[w][h]);
-    float sum = 0.0f;
-    for (int w = 0; w < kTcWarps; ++w) {
-      const float mw = s_m[w][h];
-      sum += mw == kNegInf ? 0.0f : s_l[w][h] * expf(mw - m);
-    }
-    part_ml[(base + h) * 2 + 0] = m;
-    part_ml[(base + h) * 2 + 1] = sum;
-  }
+  tc_merge_store(acc, m_run, l_run, 1.0f, s_m, s_l, tc_smem, kvh, split, splits, part_o, part_ml);
 }
 
 // ============================== decode on tensor cores, int8 cache =========================
@@ -1143,47 +1159,7 @@ __global__ void __launch_bounds__(kT8Threads, 2)
   }
   ptx::cp_async_wait_all();
 
-  // Merge the warps as decode_tc_kernel does. n-tile 8q + i, columns 2t, 2t+1: dims
-  // 64q + 8(2t) + i and 64q + 8(2t + 1) + i.
-  float l_head = l_run + __shfl_xor_sync(0xffffffffu, l_run, 1);
-  l_head += __shfl_xor_sync(0xffffffffu, l_head, 2);
-  if (t == 0) {
-    s_m[warp][g] = m_run;
-    s_l[warp][g] = l_head;
-  }
-  __syncthreads();
-  float mx = kNegInf;
-  for (int w = 0; w < kTcWarps; ++w) mx = fmaxf(mx, s_m[w][g]);
-  const float f = m_run == kNegInf ? 0.0f : expf(m_run - mx) * vmax;  // and back from vmax's units
-  float* s_acc = reinterpret_cast<float*>(tc_smem);  // [8][256]
-  for (int w = 0; w < kTcWarps; ++w) {
-    if (warp == w) {
-#pragma unroll
-      for (int n = 0; n < kTcNTiles; ++n) {
-        const int d0 = 64 * (n >> 3) + 16 * t + (n & 7);
-        const float o0 = (acc[n][0] + acc[n][2]) * f;
-        const float o1 = (acc[n][1] + acc[n][3]) * f;
-        float* at = s_acc + g * kTcD;
-        at[d0] = w == 0 ? o0 : at[d0] + o0;
-        at[d0 + 8] = w == 0 ? o1 : at[d0 + 8] + o1;
-      }
-    }
-    __syncthreads();
-  }
-  const int64_t base = (static_cast<int64_t>(kvh) * splits + split) * kTcG;
-  for (int i = threadIdx.x; i < kTcG * kTcD; i += kT8Threads) part_o[base * kTcD + i] = s_acc[i];
-  if (threadIdx.x < kTcG) {
-    const int h = threadIdx.x;
-    float m = kNegInf;
-    for (int w = 0; w < kTcWarps; ++w) m = fmaxf(m, s_m[w][h]);
-    float sum = 0.0f;
-    for (int w = 0; w < kTcWarps; ++w) {
-      const float mw = s_m[w][h];
-      sum += mw == kNegInf ? 0.0f : s_l[w][h] * expf(mw - m);
-    }
-    part_ml[(base + h) * 2 + 0] = m;
-    part_ml[(base + h) * 2 + 1] = sum;
-  }
+  tc_merge_store(acc, m_run, l_run, vmax, s_m, s_l, tc_smem, kvh, split, splits, part_o, part_ml);  // back from vmax's units
 }
 
 // ============================== prefill (n > 1) =========================================

@@ -143,4 +143,21 @@ double best_of(int reps, const std::function<void()>& f) {
   return best;
 }
 
+Int8KvImage read_int8_kv(Backend& be, const KvCacheView& cache, size_t count, int64_t head_dim) {
+  const size_t rows = count / static_cast<size_t>(head_dim);
+  std::vector<char> bytes(kv_cache_bytes(KvDtype::int8, count, head_dim));
+  be.copy_kv_to_host(cache, count, bytes.data());
+  Int8KvImage image{std::vector<int8_t>(count), std::vector<float>(rows)};
+  std::memcpy(image.codes.data(), bytes.data(), count);
+  std::memcpy(image.scales.data(), bytes.data() + count, rows * sizeof(float));
+  return image;
+}
+
+void write_int8_kv(Backend& be, const KvCacheView& cache, const Int8KvImage& image) {
+  std::vector<char> bytes(image.codes.size() + image.scales.size() * sizeof(float));
+  std::memcpy(bytes.data(), image.codes.data(), image.codes.size());
+  std::memcpy(bytes.data() + image.codes.size(), image.scales.data(), image.scales.size() * sizeof(float));
+  be.copy_kv_from_host(bytes.data(), image.codes.size(), cache);
+}
+
 }  // namespace lily::testing

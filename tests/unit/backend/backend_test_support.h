@@ -77,6 +77,15 @@ ErrorFigures report(const std::string& op, const std::string& label, std::span<c
 
 std::unique_ptr<Backend> cpu(int threads = 2);
 
+// The host image of an int8 KV cache of `count` values in rows of head_dim (backend.h): the
+// codes, then one f32 scale per row; read from and written to a cache through the host copies.
+struct Int8KvImage {
+  std::vector<int8_t> codes;  // [count]
+  std::vector<float> scales;  // [count / head_dim]
+};
+Int8KvImage read_int8_kv(Backend& be, const KvCacheView& cache, size_t count, int64_t head_dim);
+void write_int8_kv(Backend& be, const KvCacheView& cache, const Int8KvImage& image);
+
 // Best wall time of `reps` calls of f, in seconds, after one warm-up call (the kernel benches).
 double best_of(int reps, const std::function<void()>& f);
 

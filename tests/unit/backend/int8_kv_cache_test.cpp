@@ -107,31 +107,10 @@ StepInput random_step(Rng& rng, const AttentionDims& d, int64_t n) {
   return in;
 }
 
-// The host image of an int8 cache (backend.h): count codes, then count / head_dim scales.
-struct Int8Image {
-  std::vector<int8_t> codes;
-  std::vector<float> scales;
-};
-Int8Image read_int8(Backend& be, const KvCacheView& cache, size_t count, int64_t head_dim) {
-  const size_t rows = count / static_cast<size_t>(head_dim);
-  std::vector<char> bytes(kv_cache_bytes(KvDtype::int8, count, head_dim));
-  EXPECT_EQ(bytes.size(), count + rows * sizeof(float));
-  be.copy_kv_to_host(cache, count, bytes.data());
-  Int8Image image;
-  image.codes.resize(count);
-  image.scales.resize(rows);
-  std::memcpy(image.codes.data(), bytes.data(), count);
-  std::memcpy(image.scales.data(), bytes.data() + count, rows * sizeof(float));
-  return image;
-}
-
 // Every scale NaN: a row attention reads without having written it would reach the output.
 void poison_int8(Backend& be, const KvCacheView& cache, size_t count, int64_t head_dim) {
-  const size_t rows = count / static_cast<size_t>(head_dim);
-  std::vector<char> bytes(count + rows * sizeof(float), 0);
-  const float nan = std::numeric_limits<float>::quiet_NaN();
-  for (size_t r = 0; r < rows; ++r) std::memcpy(bytes.data() + count + r * sizeof(float), &nan, sizeof nan);
-  be.copy_kv_from_host(bytes.data(), count, cache);
+  write_int8_kv(be, cache, {std::vector<int8_t>(count, 0),
+                            std::vector<float>(count / static_cast<size_t>(head_dim), std::numeric_limits<float>::quiet_NaN())});
 }
 
 struct Step {
@@ -173,8 +152,8 @@ TEST(CpuInt8KvCache, AttentionMatchesTheFloat64ReferenceOverTheStoredRows) {
         std::vector<float> got(static_cast<size_t>(s.n * d.q_heads * D), 1e30f);
         be->attention(in.qg.data(), in.k.data(), in.v.data(), k8, v8, kCapacity, d, s.start_pos, s.n, got.data());
         // The stored rows: quantize_kv_row of each (token, kv head) row; later rows untouched.
-        const Int8Image kh = read_int8(*be, k8, elements, D);
-        const Int8Image vh = read_int8(*be, v8, elements, D);
+        const Int8KvImage kh = read_int8_kv(*be, k8, elements, D);
+        const Int8KvImage vh = read_int8_kv(*be, v8, elements, D);
         std::vector<double> k_stored(in.k.size()), v_stored(in.v.size());
         for (size_t r = 0; r < in.k.size() / static_cast<size_t>(D); ++r) {
           const size_t at = static_cast<size_t>(s.start_pos * d.kv_heads) + r;
@@ -218,7 +197,7 @@ TEST(CpuInt8KvCache, AttentionMatchesTheFloat64ReferenceOverTheStoredRows) {
 TEST(CpuInt8KvCache, AllocZeroAndHostCopiesCarryCodesAndScales) {
   auto be = cpu();
   EXPECT_TRUE(be->serves_kv_cache(KvDtype::int8));
-  EXPECT_EQ(kv_cache_bytes(KvDtype::int8, 64, 16), 64u + 4u * 4u);
+  EXPECT_EQ(kv_cache_bytes(KvDtype::int8, 64, 16), 64u + 4u * 4u);  // the host image's size
   EXPECT_EQ(kv_cache_bytes(KvDtype::bf16, 64, 16), 128u);
   const uint64_t before = be->allocated_bytes();
   const KvCacheView c = be->alloc_kv_cache(64, KvDtype::int8, 16);
@@ -240,7 +219,7 @@ TEST(CpuInt8KvCache, AllocZeroAndHostCopiesCarryCodesAndScales) {
   for (size_t i = 0; i < 64; ++i) ASSERT_EQ(c.int8_codes()[i], static_cast<int8_t>(static_cast<int>(i) - 32));
   for (size_t r = 0; r < 4; ++r) ASSERT_EQ(std::memcmp(&c.int8_scales()[r], &scales[r], 4), 0);
   be->zero_kv_cache(c, 64);
-  const Int8Image zeroed = read_int8(*be, c, 64, 16);
+  const Int8KvImage zeroed = read_int8_kv(*be, c, 64, 16);
   for (int8_t code : zeroed.codes) ASSERT_EQ(code, 0);
   for (float s : zeroed.scales) ASSERT_EQ(s, 0.0f);
 }
