@@ -664,6 +664,31 @@ constexpr bool kTensorCoreDecode = kIsBf16<KV> && D == kTcD && G == kTcG;
 
 // Grid (kv_heads, splits), kTcThreads threads, kTcSmemBytes of dynamic shared memory. Partials
 // as decode_split_kernel: o [kv_heads, splits, 8, 256], ml [kv_heads, splits, 8, 2].
+// One tile's online softmax in a tensor-core decode kernel: s holds this thread's 4 scores of
+// head g (-inf past the end); the tile's max over the head's 4 threads moves m_run, the
+// weights p = exp(s - m) are returned, l_run (this thread's share of the sum) and the value
+// sums acc are rescaled to the new max (acc only when some head's max moved: after the first
+// tiles, rarely).
+__device__ __forceinline__ void tc_online_softmax(const float (&s)[4], float& m_run, float& l_run,
+                                                  float (&acc)[kTcNTiles][4], float (&p)[4]) {
+  float tile_max = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
+  const float m_new = fmaxf(m_run, tile_max);
+  const float corr = exp_shifted(m_run, m_new);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) p[i] = exp_shifted(s[i], m_new);
+  l_run = fmaf(l_run, corr, (p[0] + p[1]) + (p[2] + p[3]));
+  m_run = m_new;
+  if (__any_sync(0xffffffffu, corr != 1.0f)) {
+#pragma unroll
+    for (int n = 0; n < kTcNTiles; ++n) {
+#pragma unroll
+      for (int c = 0; c < 4; ++c) acc[n][c] *= corr;
+    }
+  }
+}
+
 // The end of a tensor-core decode block (decode_tc_kernel, decode_tc_int8_kernel): head g's
 // running sum over its 4 threads, then the warps merged as decode_split_kernel does (common max,
 // rescaled sums, value sums added warp by warp in a fixed order) into the split's partials
@@ -828,24 +853,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     const int key_of[4] = {2 * t, 2 * t + 1, 8 + 2 * t, 9 + 2 * t};
 #pragma unroll
     for (int i = 0; i < 4; ++i) s[i] = first + key_of[i] < end ? s[i] * scale : kNegInf;
-    float tile_max = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-    const float m_new = fmaxf(m_run, tile_max);
-    const float corr = exp_shifted(m_run, m_new);
     float p[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) p[i] = exp_shifted(s[i], m_new);
-    l_run = fmaf(l_run, corr, (p[0] + p[1]) + (p[2] + p[3]));
-    m_run = m_new;
-    // Rescale only when some head's max moved (after the first tiles, rarely).
-    if (__any_sync(0xffffffffu, corr != 1.0f)) {
-#pragma unroll
-      for (int n = 0; n < kTcNTiles; ++n) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[n][c] *= corr;
-      }
-    }
+    tc_online_softmax(s, m_run, l_run, acc, p);
     // P as hi | lo rows: a[0] row g keys 2t, 2t+1; a[1] row g+8; a[2], a[3] keys 8+2t, 9+2t.
     float ph[4];
 #pragma unroll
@@ -913,26 +922,10 @@ static_assert(static_cast<size_t>(kTcG) * kTcD * sizeof(float) <=
                   static_cast<size_t>(kTcWarps) * kTcStages * kT8StageBytes,
               "the block merge reuses the staging buffers");
 
-__device__ __forceinline__ void mma_s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 // Four int8 values (element 0 in the low byte) packed into a word.
 __device__ __forceinline__ uint32_t pack_s8x4(int a, int b, int c, int d) {
   return (static_cast<uint32_t>(a) & 0xffu) | ((static_cast<uint32_t>(b) & 0xffu) << 8) |
          ((static_cast<uint32_t>(c) & 0xffu) << 16) | (static_cast<uint32_t>(d) << 24);
-}
-
-__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 __device__ __forceinline__ uint32_t pack_f16(float lo, float hi) {
@@ -1091,8 +1084,8 @@ __global__ void __launch_bounds__(kT8Threads, 2)
       const uint2 k1 = *reinterpret_cast<const uint2*>(kb + (g + 8) * kT8KStride + 32 * p + 8 * t);
       const uint4 qa = q_frag[p * 32 + lane];
       const uint32_t a[4] = {qa.x, qa.y, qa.z, qa.w};
-      mma_s8(sc[0], a, k0.x, k0.y);
-      mma_s8(sc[1], a, k1.x, k1.y);
+      ptx::mma_s8(sc[0], a, k0.x, k0.y);
+      ptx::mma_s8(sc[1], a, k1.x, k1.y);
     }
     const int64_t first = begin + tile * kTcKeys;
     const int key_of[4] = {2 * t, 2 * t + 1, 8 + 2 * t, 9 + 2 * t};
@@ -1104,23 +1097,8 @@ __global__ void __launch_bounds__(kT8Threads, 2)
       const float dot = static_cast<float>(hi_of[i]) + static_cast<float>(lo_of[i]) * (1.0f / 256.0f);
       s[i] = first + key_of[i] < end ? dot * (sq_g * sk[key_of[i]]) : kNegInf;
     }
-    float tile_max = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-    tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-    const float m_new = fmaxf(m_run, tile_max);
-    const float corr = exp_shifted(m_run, m_new);
     float p[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) p[i] = exp_shifted(s[i], m_new);
-    l_run = fmaf(l_run, corr, (p[0] + p[1]) + (p[2] + p[3]));
-    m_run = m_new;
-    if (__any_sync(0xffffffffu, corr != 1.0f)) {
-#pragma unroll
-      for (int n = 0; n < kTcNTiles; ++n) {
-#pragma unroll
-        for (int c = 0; c < 4; ++c) acc[n][c] *= corr;
-      }
-    }
+    tc_online_softmax(s, m_run, l_run, acc, p);
     // The weights times their value rows' scales over the split's largest (<= 1; 0 for rows
     // past the end), as f16 hi | lo.
     float pv[4], ph[4];
@@ -1149,7 +1127,7 @@ __global__ void __launch_bounds__(kT8Threads, 2)
       value_pairs_f16(w[2].x, w[3].x, *reinterpret_cast<uint32_t(*)[4]>(&b1[0]));
       value_pairs_f16(w[2].y, w[3].y, *reinterpret_cast<uint32_t(*)[4]>(&b1[4]));
 #pragma unroll
-      for (int i = 0; i < 8; ++i) mma_f16(acc[8 * q + i], pa, b0[i], b1[i]);
+      for (int i = 0; i < 8; ++i) ptx::mma_f16(acc[8 * q + i], pa, b0[i], b1[i]);
     }
     __syncwarp();
     const int64_t next = tile + static_cast<int64_t>(kTcStages) * kTcWarps;

@@ -1,5 +1,6 @@
-// PTX wrappers shared by the tensor-core kernels (the prefill GEMMs, the bf16 decode attention):
-// cp.async, ldmatrix, mma.sync m16n8k16 bf16 -> f32, bf16 packing.
+// PTX wrappers shared by the tensor-core kernels (the prefill GEMMs, the bf16 and int8 decode
+// attention): cp.async, ldmatrix, mma.sync m16n8k16 bf16 and f16 -> f32, m16n8k32 s8 -> s32,
+// bf16 packing.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -39,6 +40,26 @@ __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], 
       "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
       "{%8, %9}, {%0, %1, %2, %3};\n"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// D = A B + D, m16n8k16, A row-major f16, B "col" f16, f32 accumulate (the fragments of mma_bf16).
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// D = A B + D, m16n8k32, A row-major s8, B "col" s8, s32 accumulate (exact). Fragments (PTX ISA,
+// "Matrix Fragments for mma.m16n8k32"): a0 row g, k 4t..4t+3; a1 row g+8; a2, a3 k + 16; b0 col
+// g, k 4t..4t+3; b1 k + 16; d0, d1 row g, cols 2t, 2t+1; d2, d3 row g+8 (g = lane / 4, t = lane % 4).
+__device__ __forceinline__ void mma_s8(int (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
