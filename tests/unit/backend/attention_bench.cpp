@@ -1,4 +1,4 @@
-// Micro-benchmark (not a test): CPU attention at the model's shape over an f32 and a bf16 KV cache, one decode step at long contexts and a prefill chunk.
+// Micro-benchmark (not a test): CPU attention at the model's shape over an f32, a bf16 and an int8 KV cache, one decode step at long contexts and a prefill chunk.
 // Usage: attention_bench [threads (default 2)] [repetitions (default 5)] [contexts, comma-separated
 // (default 4096,32768)]. Prints the best of the repetitions per case and, for decode, the KV bytes it read;
 // the prefill chunk only at contexts up to 4,096.
@@ -10,6 +10,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend_test_support.h"
@@ -38,12 +39,21 @@ int run(int threads, int reps, const std::vector<int64_t>& contexts) {
     const std::vector<float> values = rng.uniform_vector(elements, -1.0f, 1.0f);
     std::vector<float> qg = rng.uniform_vector(static_cast<size_t>(kPrefill * kDims.q_heads * 2 * kDims.head_dim), -1.0f, 1.0f);
     std::vector<float> out(static_cast<size_t>(kPrefill * kDims.q_heads * kDims.head_dim));
-    for (KvDtype dtype : {KvDtype::f32, KvDtype::bf16}) {
+    for (KvDtype dtype : {KvDtype::f32, KvDtype::bf16, KvDtype::int8}) {
       const KvCacheView k = be->alloc_kv_cache(elements, dtype, kDims.head_dim);
       const KvCacheView v = be->alloc_kv_cache(elements, dtype, kDims.head_dim);
       if (dtype == KvDtype::f32) {
         be->copy_kv_from_host(keys.data(), elements, k);
         be->copy_kv_from_host(values.data(), elements, v);
+      } else if (dtype == KvDtype::int8) {
+        for (const auto& [src, cache] : {std::pair{&keys, &k}, std::pair{&values, &v}}) {
+          Int8KvImage image{std::vector<int8_t>(elements), std::vector<float>(elements / static_cast<size_t>(kDims.head_dim))};
+          for (size_t r = 0; r < image.scales.size(); ++r) {
+            const size_t at = r * static_cast<size_t>(kDims.head_dim);
+            image.scales[r] = quantize_kv_row(src->data() + at, kDims.head_dim, image.codes.data() + at);
+          }
+          write_int8_kv(*be, *cache, image);
+        }
       } else {
         std::vector<uint16_t> bits(elements);
         for (size_t i = 0; i < elements; ++i) bits[i] = f32_to_bf16(keys[i]);
@@ -62,7 +72,8 @@ int run(int threads, int reps, const std::vector<int64_t>& contexts) {
         std::printf("%-8s %-24s %12.3f %12.1f %10.2f\n", kv_dtype_name(dtype), what.c_str(),
                     seconds * 1e3, bytes / (1 << 20), bytes / seconds / 1e9);
       };
-      const double element = static_cast<double>(kv_dtype_bytes(dtype));
+      const double element = static_cast<double>(kv_cache_bytes(dtype, static_cast<uint64_t>(row), kDims.head_dim)) /
+                             static_cast<double>(row);  // bytes per value, int8's scales included
       // One decode step after `context` tokens: writes row `context`, reads rows 0..context.
       const double decode = best_of(reps, [&] {
         be->attention(qg.data(), keys.data(), values.data(), k, v, capacity, kDims, context, 1, out.data());
