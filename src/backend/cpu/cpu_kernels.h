@@ -76,7 +76,9 @@ LILY_CPU_CLONES void dot_heads(const float* q, int64_t q_stride, int64_t heads, 
 // y[i] += alpha x[i]
 LILY_CPU_CLONES void axpy(float alpha, const float* x, float* y, int64_t n);
 // y[i] += alpha[r] x[r * x_stride + i] for r = 0, 1, ... rows - 1 in that order: the same sums
-// as `rows` calls of axpy, with y loaded and stored once (attention's weighted values).
+// as `rows` calls of axpy, with y loaded and stored once (attention's weighted values); bit for
+// bit over whole blocks of 8 values, while the last n % 8 may round differently (multiply-add
+// contraction in the tails; attention's head dims are multiples of 8). cpu_kernels_test.cpp.
 LILY_CPU_CLONES void axpy_rows(const float* alpha, int64_t rows, const float* x, int64_t x_stride,
                                float* y, int64_t n);
 
