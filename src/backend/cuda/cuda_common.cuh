@@ -123,6 +123,12 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// 1 / sqrt(mean square + eps) of a row of `dim` values whose squares sum to sum_sq: the RMSNorm
+// scale that norms.cu and the persistent kernels' own norms share.
+__device__ __forceinline__ float rms_scale(float sum_sq, int64_t dim, float eps) {
+  return 1.0f / sqrtf(sum_sq / static_cast<float>(dim) + eps);
+}
+
 // Element j (0..7) of a Q4 word: MLX packs element 8w+j into bits 4j..4j+3 of word w.
 __device__ __forceinline__ float q4_at(uint32_t word, int j) {
   return static_cast<float>((word >> (4 * j)) & 0xFu);

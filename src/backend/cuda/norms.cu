@@ -20,10 +20,6 @@ constexpr int kWarpsPerBlock = kBlockThreads / 32;
 
 enum class NormKind { plain, add, gated };
 
-__device__ __forceinline__ float inv_rms(float sum_sq, int64_t dim, float eps) {
-  return 1.0f / sqrtf(sum_sq / static_cast<float>(dim) + eps);
-}
-
 // One warp per row. For kind == add, x is the residual (updated in place with delta).
 template <NormKind kKind>
 __global__ void __launch_bounds__(kBlockThreads)
@@ -51,7 +47,7 @@ __global__ void __launch_bounds__(kBlockThreads)
       sum_sq = fmaf(value, value, sum_sq);
     }
   }
-  const float inv = inv_rms(warp_sum(sum_sq), dim, eps);
+  const float inv = rms_scale(warp_sum(sum_sq), dim, eps);
 #pragma unroll
   for (int c = 0; c < kPer; ++c) {
     const int64_t i = lane + 32 * c;
@@ -94,7 +90,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     if (threadIdx.x == 0) total = p;
   }
   __syncthreads();
-  const float inv = inv_rms(total, dim, eps);
+  const float inv = rms_scale(total, dim, eps);
   for (int64_t i = threadIdx.x; i < dim; i += kBlockThreads) {
     float o = xr[i] * inv * gain[i];
     if constexpr (kKind == NormKind::gated) {
@@ -152,7 +148,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     sum_sq = fmaf(v[i].z, v[i].z, sum_sq);
     sum_sq = fmaf(v[i].w, v[i].w, sum_sq);
   }
-  const float inv = inv_rms(block_sum(sum_sq), dim, eps);
+  const float inv = rms_scale(block_sum(sum_sq), dim, eps);
 #pragma unroll
   for (int i = 0; i < V; ++i) {
     const int64_t q = threadIdx.x + static_cast<int64_t>(i) * kBlockThreads;

@@ -27,10 +27,6 @@ __device__ __forceinline__ float norm_block_sum(float v, float* partial) {
   return total;
 }
 
-__device__ __forceinline__ float rms_scale(float sum_sq, int64_t dim, float eps) {
-  return 1.0f / sqrtf(sum_sq / static_cast<float>(dim) + eps);
-}
-
 // What the norm reads and writes (f32, H = hidden).
 struct ResidualNormArgs {
   const float* residual = nullptr;  // [H] read only here: the caller writes `sums` back later
