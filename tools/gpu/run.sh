@@ -37,6 +37,11 @@
 #                                    nostream, noconv, nomoelayer: --cuda-disable moe-layer,
 #                                    kvf32 / kvbf16 / kvint8: --kv-cache f32 / bf16 / int8); LILY_NCU=0 skips Nsight Compute;
 #                                    LILY_NCU_DETAIL=<regex>: full sections of one kernel
+#                        ncu-attention  Nsight Compute's full sections of the tensor-core decode
+#                                    attention at 131,073 keys: decode_tc_int8_kernel (cuda_tests'
+#                                    CudaInt8KvCache.LongHistory) and decode_tc_kernel (bf16,
+#                                    CudaAttention.Bf16CacheLongHistory), each one's launch at
+#                                    131,072 keys, to ncu-attention-{int8,bf16}.txt
 #                        lab         the kernel lab (tools/lab/, -DLILY_BUILD_LAB=ON): moe_layer_lab's
 #                                    op path vs persistent MoE block per layer, and its timeline;
 #                                    delta_net_layer_lab's the same for the Gated DeltaNet mixer
@@ -96,7 +101,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_BUILD_TESTS=O
   -DGTest_DIR="$deps/lib/x86_64-linux-gnu/cmake/GTest" >"$out/cmake.log" 2>&1
 # Only what the stages need: the CUDA tests take about half of a fresh machine's build.
 targets=(lily)
-{ has_stage tests || has_stage ptx; } && targets+=(cuda_tests)
+{ has_stage tests || has_stage ptx || has_stage ncu-attention; } && targets+=(cuda_tests)
 has_stage lab && targets+=(moe_layer_lab delta_net_layer_lab)
 cmake --build build-gpu --target "${targets[@]}" >>"$out/cmake.log" 2>&1 || { tail -60 "$out/cmake.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
@@ -262,6 +267,20 @@ if has_stage tests; then
     --gtest_output=json:"$out/cuda_tests.json" >"$out/cuda_tests.log" 2>&1 || true
   echo "cuda_tests: $(( $(date +%s) - start )) s"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$out/cuda_tests.log" | tail -40 || true
+fi
+
+if has_stage ncu-attention; then
+  start=$(date +%s)
+  # The last LongHistory case decodes the model's shape at 131,072 keys; each kernel's first
+  # launch there is the one the milestone's context pays for.
+  # (bf16: its first launch of that shape is at 19,990 keys, so one is skipped.)
+  for arm in int8:decode_tc_int8_kernel:CudaInt8KvCache.LongHistory:0 bf16:decode_tc_kernel:CudaAttention.Bf16CacheLongHistory:1; do
+    IFS=: read -r name kernel filter skip <<<"$arm"
+    timeout 240 ncu --set full -k "regex:${kernel}" --launch-skip "$skip" --launch-count 1 \
+      ./build-gpu/tests/cuda/cuda_tests --gtest_filter="$filter" \
+      >"$out/ncu-attention-$name.txt" 2>"$out/ncu-attention-$name.err" || echo "ncu-attention $name: rc $?"
+  done
+  echo "ncu-attention: $(( $(date +%s) - start )) s"
 fi
 
 if has_stage sanitizer; then
