@@ -99,6 +99,10 @@ struct KvCacheView {
   uint16_t* bf16_bits() const;
   int8_t* int8_codes() const;
   float* int8_scales() const;
+  // The row scales that go with `count` elements: count / scale_group for int8, else 0.
+  size_t scale_count(size_t count) const {
+    return dtype == KvDtype::int8 ? count / static_cast<size_t>(scale_group) : 0;
+  }
 
   void* data = nullptr;
   KvDtype dtype = KvDtype::f32;

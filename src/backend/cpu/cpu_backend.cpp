@@ -79,22 +79,20 @@ void CpuBackend::zero_kv_cache(const KvCacheView& cache, size_t count) {
     case KvDtype::int8: break;
   }
   std::fill(cache.int8_codes(), cache.int8_codes() + count, int8_t{0});
-  zero(cache.int8_scales(), count / static_cast<size_t>(cache.scale_group));
+  zero(cache.int8_scales(), cache.scale_count(count));
 }
 void CpuBackend::copy_kv_to_host(const KvCacheView& cache, size_t count, void* host_dst) {
   cpu::require(cache.data != nullptr && host_dst != nullptr, "copy_kv_to_host", "a null buffer");
   std::memcpy(host_dst, cache.data, count * kv_dtype_bytes(cache.dtype));
   if (cache.dtype == KvDtype::int8) {
-    std::memcpy(static_cast<char*>(host_dst) + count, cache.int8_scales(),
-                count / static_cast<size_t>(cache.scale_group) * sizeof(float));
+    std::memcpy(static_cast<char*>(host_dst) + count, cache.int8_scales(), cache.scale_count(count) * sizeof(float));
   }
 }
 void CpuBackend::copy_kv_from_host(const void* host_src, size_t count, const KvCacheView& cache) {
   cpu::require(cache.data != nullptr && host_src != nullptr, "copy_kv_from_host", "a null buffer");
   std::memcpy(cache.data, host_src, count * kv_dtype_bytes(cache.dtype));
   if (cache.dtype == KvDtype::int8) {
-    std::memcpy(cache.int8_scales(), static_cast<const char*>(host_src) + count,
-                count / static_cast<size_t>(cache.scale_group) * sizeof(float));
+    std::memcpy(cache.int8_scales(), static_cast<const char*>(host_src) + count, cache.scale_count(count) * sizeof(float));
   }
 }
 void CpuBackend::copy_to_host(const float* src, size_t count, float* host_dst) {

@@ -46,7 +46,8 @@ __device__ __forceinline__ float exp_shifted(float x, float m) {
 template <typename KV>
 constexpr bool kIsBf16 = std::is_same_v<KV, __nv_bfloat16>;
 // int8 caches (int8_t codes) carry a scale per (token, kv head) row beside them; the rows are
-// written by store_int8_rows_kernel before any attention kernel reads them.
+// written by store_int8_rows_kernel before the attention kernel reads them, except a decode
+// step's row in decode_tc_int8_kernel, which quantises it itself (int8_row_in_decode_kernel).
 template <typename KV>
 constexpr bool kIsInt8 = std::is_same_v<KV, int8_t>;
 
@@ -1417,6 +1418,12 @@ void launch_prepare(float* qg, float* k, const float* q_norm, const float* k_nor
          a.kv_heads, a.rotary_dim, rope_freqs(a), pos_host, pos_device, n, eps);
 }
 
+// Whether an int8 decode step of this shape runs decode_tc_int8_kernel (head_dim 256, query
+// groups of 8, and the shared memory), which also quantises the step's own row.
+bool int8_row_in_decode_kernel(int D, const AttentionShape& a) {
+  return D == kTcD && a.q_heads == kTcG * a.kv_heads && int8_tensor_core_decode_attention_fits();
+}
+
 int decode_splits(int64_t capacity) {
   const int64_t wanted = (capacity + kDecodeMinKeys - 1) / kDecodeMinKeys;
   return static_cast<int>(wanted < kDecodeMaxSplits ? (wanted > 0 ? wanted : 1) : kDecodeMaxSplits);
@@ -1463,7 +1470,7 @@ AttentionPath launch_decode(const float* qg, const float* k, const float* v, con
   const int G = (group == 2 || group == 4 || group == 8) ? group : 1;
   const int units = G > 1 ? a.kv_heads : a.q_heads;
   constexpr bool kInt8Tc = kIsInt8<KV> && D == kTcD;
-  const bool int8_tensor_cores = kInt8Tc && G == kTcG && int8_tensor_core_decode_attention_fits();
+  const bool int8_tensor_cores = kInt8Tc && int8_row_in_decode_kernel(D, a);
   const bool tensor_cores =
       int8_tensor_cores || (G == kTcG && kTensorCoreDecode<D, kTcG, KV> && tensor_core_decode_attention_fits());
   const int splits = int8_tensor_cores ? decode_tc_splits(capacity, a.kv_heads, 2)
@@ -1586,9 +1593,9 @@ AttentionPath launch_attention(const float* qg, const float* k, const float* v, 
   if constexpr (kIsInt8<KV>) {
     // The tensor-core decode quantises its new row itself; the other int8 paths read it from
     // the cache.
-    const bool row_in_kernel = n == 1 && D == kTcD && a.q_heads == kTcG * a.kv_heads &&
-                               int8_tensor_core_decode_attention_fits();
-    if (!row_in_kernel) store_int8_rows<D>(k, v, c, a, pos_host, pos_device, capacity, n, s);
+    if (n != 1 || !int8_row_in_decode_kernel(D, a)) {
+      store_int8_rows<D>(k, v, c, a, pos_host, pos_device, capacity, n, s);
+    }
   }
   if (n == 1) {
     return launch_decode<D, KV>(qg, k, v, c, capacity, a, pos_host, pos_device, out, ws, s);

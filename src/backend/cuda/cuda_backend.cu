@@ -280,17 +280,10 @@ KvCacheView CudaBackend::alloc_kv_cache(size_t count, KvDtype dtype, int64_t hea
   return KvCacheView::int8(static_cast<int8_t*>(ptr), scales, head_dim);
 }
 
-namespace {
-// An int8 cache's scales: [count / scale_group] f32 (none for the other dtypes).
-size_t kv_scale_bytes(const KvCacheView& cache, size_t count) {
-  return cache.dtype == KvDtype::int8 ? count / static_cast<size_t>(cache.scale_group) * sizeof(float) : 0;
-}
-}  // namespace
-
 void CudaBackend::zero_kv_cache(const KvCacheView& cache, size_t count) {
   require(cache.data != nullptr, "zero_kv_cache", "null cache");
   LILY_CUDA_CHECK(cudaMemsetAsync(cache.data, 0, count * kv_dtype_bytes(cache.dtype), stream_));
-  if (const size_t sb = kv_scale_bytes(cache, count)) LILY_CUDA_CHECK(cudaMemsetAsync(cache.scales, 0, sb, stream_));
+  if (const size_t sb = cache.scale_count(count) * sizeof(float)) LILY_CUDA_CHECK(cudaMemsetAsync(cache.scales, 0, sb, stream_));
 }
 
 // Host layout (backend.h): the elements, then an int8 cache's row scales.
@@ -298,7 +291,7 @@ void CudaBackend::copy_kv_to_host(const KvCacheView& cache, size_t count, void* 
   require(cache.data != nullptr && host_dst != nullptr, "copy_kv_to_host", "null buffers");
   const size_t eb = count * kv_dtype_bytes(cache.dtype);
   LILY_CUDA_CHECK(cudaMemcpyAsync(host_dst, cache.data, eb, cudaMemcpyDeviceToHost, stream_));
-  if (const size_t sb = kv_scale_bytes(cache, count)) {
+  if (const size_t sb = cache.scale_count(count) * sizeof(float)) {
     LILY_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(host_dst) + eb, cache.scales, sb, cudaMemcpyDeviceToHost, stream_));
   }
   LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -308,7 +301,7 @@ void CudaBackend::copy_kv_from_host(const void* host_src, size_t count, const Kv
   require(cache.data != nullptr && host_src != nullptr, "copy_kv_from_host", "null buffers");
   const size_t eb = count * kv_dtype_bytes(cache.dtype);
   LILY_CUDA_CHECK(cudaMemcpyAsync(cache.data, host_src, eb, cudaMemcpyHostToDevice, stream_));
-  if (const size_t sb = kv_scale_bytes(cache, count)) {
+  if (const size_t sb = cache.scale_count(count) * sizeof(float)) {
     LILY_CUDA_CHECK(cudaMemcpyAsync(cache.scales, static_cast<const char*>(host_src) + eb, sb, cudaMemcpyHostToDevice, stream_));
   }
   LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -233,7 +233,8 @@ struct KvCaches {
   float* key_scales = nullptr;    // int8 only
   float* value_scales = nullptr;  // int8 only
 };
-// Writes k, v [n, kv_heads, head_dim] f32 into the caches at rows pos.. (bf16: rounded), then
+// Writes k, v [n, kv_heads, head_dim] f32 into the caches at rows pos.. (bf16: rounded; int8:
+// quantised per (token, kv head) row as quantize_kv_row, backend.h), then
 // causal attention of each query over cache rows 0..pos+t as stored (the new rows too, so a
 // bf16 cache's rounding is seen from the token that writes it), scaled by 1/sqrt(head_dim),
 // times sigmoid(gate); f32 arithmetic.  out [n, q_heads * head_dim] f32.
@@ -242,7 +243,7 @@ struct KvCaches {
 // Returns the kernel path it took: decode (n == 1) over a bf16 cache with head_dim 256 and
 // query groups of 8 (the model's shape) runs on tensor cores, every other decode on CUDA cores.
 // An int8 cache with that shape decodes on tensor cores too (decode_int8_tensor_cores: int8
-// MMAs for the scores, bf16 for the value sum); its other shapes on CUDA cores.
+// MMAs for the scores, f16 for the value sum); its other shapes on CUDA cores.
 enum class AttentionPath { none, prefill, decode_cuda_cores, decode_tensor_cores, decode_int8_tensor_cores };
 // Whether the device has the shared memory the tensor-core decode kernel needs (else that shape
 // decodes on CUDA cores too).
