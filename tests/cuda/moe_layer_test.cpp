@@ -70,6 +70,22 @@ struct Buffers {
   MoeBlockBuffers b;
 };
 
+// The block's buffers in host memory, for the CPU backend, from the same inputs.
+struct HostBuffers {
+  HostBuffers(const Shape& s, const std::vector<float>& residual_in, const std::vector<float>& delta_in)
+      : residual(residual_in), delta(delta_in), normed(static_cast<size_t>(s.H)),
+        logits(static_cast<size_t>(s.E)), shared_logit(1), ids(static_cast<size_t>(s.k)),
+        weights(static_cast<size_t>(s.k)), h(static_cast<size_t>(s.k * s.I)),
+        shared_h(static_cast<size_t>(s.S)) {}
+  MoeBlockBuffers buffers() {
+    return {residual.data(), delta.data(), normed.data(), logits.data(), shared_logit.data(),
+            ids.data(), weights.data(), h.data(), shared_h.data()};
+  }
+  std::vector<float> residual, delta, normed, logits, shared_logit;
+  std::vector<int32_t> ids;
+  std::vector<float> weights, h, shared_h;
+};
+
 // The op path of the model's MoE block for one token (Qwen36Model::moe without a plan).
 void run_ops(Backend& be, const Shape& s, const LayerWeights& l, const MoeBlockBuffers& b) {
   be.add_rms_norm(b.residual, b.delta, l.post_attention_norm, 1, s.H, kEps, b.normed);
@@ -129,16 +145,11 @@ void check_block(const Shape& s, uint64_t seed) {
 
   // Against the CPU backend's ops (an independent f32 implementation).
   auto host = cpu();
-  std::vector<float> r = residual;
-  std::vector<float> d = delta;
-  std::vector<float> normed(static_cast<size_t>(s.H)), logits(static_cast<size_t>(s.E)), shared_logit(1);
-  std::vector<int32_t> ids(static_cast<size_t>(s.k));
-  std::vector<float> w(static_cast<size_t>(s.k)), h(static_cast<size_t>(s.k * s.I)), sh(static_cast<size_t>(s.S));
-  run_ops(*host, s, l, MoeBlockBuffers{r.data(), d.data(), normed.data(), logits.data(),
-                                       shared_logit.data(), ids.data(), w.data(), h.data(), sh.data()});
-  EXPECT_EQ(to_host(*be, fused.b.expert_ids, ids.size()), ids) << s.label << ": ids vs cpu";
+  HostBuffers on_host(s, residual, delta);
+  run_ops(*host, s, l, on_host.buffers());
+  EXPECT_EQ(to_host(*be, fused.b.expert_ids, on_host.ids.size()), on_host.ids) << s.label << ": ids vs cpu";
   EXPECT_LT(report("moe_block", s.label + " output vs cpu",
-                   to_host(*be, fused.b.delta, static_cast<size_t>(s.H)), ref::widen(d)).normalised, kTol);
+                   to_host(*be, fused.b.delta, static_cast<size_t>(s.H)), ref::widen(on_host.delta)).normalised, kTol);
 
   // Many launches in a row, then a captured graph replayed: the barrier counter keeps growing
   // across launches and replays, and every result stays the op path's.
@@ -351,21 +362,14 @@ void check_block_with_next(LayerKind kind, uint64_t seed) {
   EXPECT_EQ(plan->next_projections_run(), projections + 1) << "the fused next projection ran";
   expect_same_next(*be, s, fused.b, fused_y, ops.b, ops_y, next, label + " eager");
 
-  // Against the CPU backend's ops: the first target's outputs.
+  // Against the CPU backend's ops: every target's outputs.
   auto host = cpu();
-  std::vector<float> r = residual;
-  std::vector<float> d = delta;
-  std::vector<float> normed(static_cast<size_t>(s.H)), logits(static_cast<size_t>(s.E)), shared_logit(1);
-  std::vector<int32_t> ids(static_cast<size_t>(s.k));
-  std::vector<float> w(static_cast<size_t>(s.k)), h(static_cast<size_t>(s.k * s.I)), sh(static_cast<size_t>(s.S));
+  HostBuffers on_host(s, residual, delta);
   std::vector<std::vector<float>> host_y;
   std::vector<float*> host_ptrs;
   for (const MatmulTarget& t : targets) host_y.emplace_back(static_cast<size_t>(t.rows));
   for (auto& y : host_y) host_ptrs.push_back(y.data());
-  run_ops_then_next(*host, s, l, next,
-                    MoeBlockBuffers{r.data(), d.data(), normed.data(), logits.data(),
-                                    shared_logit.data(), ids.data(), w.data(), h.data(), sh.data()},
-                    host_ptrs);
+  run_ops_then_next(*host, s, l, next, on_host.buffers(), host_ptrs);
   for (size_t t = 0; t < targets.size(); ++t) {
     EXPECT_LT(report("moe_block + next projection", label + " output " + std::to_string(t) + " vs cpu",
                      to_host(*be, fused_y[t], host_y[t].size()), ref::widen(host_y[t])).normalised, kTol);
@@ -427,37 +431,31 @@ TEST(CudaDecodePlan, MoeBlockThenAttentionProjectionEqualsTheOps) {
   check_block_with_next(LayerKind::full_attention, 912);
 }
 
+// A two-layer model of hidden width H (layer 1 with a `kind` mixer's input weights) planned on
+// `be`: the block fuses, its next projection does not, and the plan's description says why
+// (contains `why`).
+void expect_next_projection_refused(Backend& be, Rng& rng, int64_t H, LayerKind kind, const std::string& why) {
+  const MoeLayer layer(rng, H, 32, H / 4, H / 4, 8);
+  const NextLayer next_weights(rng, kind, H);
+  ModelWeights model;
+  model.layers.push_back(layer.weights());
+  model.layers.push_back(layer.weights());
+  next_weights.into(model.layers[1]);
+  const std::unique_ptr<DecodePlan> plan = be.make_decode_plan(model, DecodePlanShape{H, 32, 8, kEps});
+  ASSERT_TRUE(plan->has_moe_block()) << plan->describe();
+  EXPECT_FALSE(plan->fuses_next_projection(0));
+  EXPECT_NE(plan->describe().find(why), std::string::npos) << plan->describe();
+}
+
 TEST(CudaDecodePlan, NextProjectionTurnedOffOrUnsupportedSaysWhy) {
   LILY_CUDA_BACKEND_WITH_OR_SKIP(be, with_next_projection());
   Rng rng(913);
   std::string why;
   const std::unique_ptr<Backend> off = cuda_backend_or_null(CudaOptions{}, &why);  // the default: off
   ASSERT_TRUE(off) << why;
-  {
-    const MoeLayer layer(rng, 2048, 32, 512, 512, 8);
-    const NextLayer next_weights(rng, LayerKind::linear_attention, 2048);
-    ModelWeights model;
-    model.layers.push_back(layer.weights());
-    model.layers.push_back(layer.weights());
-    next_weights.into(model.layers[1]);
-    const std::unique_ptr<DecodePlan> plan = off->make_decode_plan(model, DecodePlanShape{2048, 32, 8, kEps});
-    ASSERT_TRUE(plan->has_moe_block()) << plan->describe();
-    EXPECT_FALSE(plan->fuses_next_projection(0));
-    EXPECT_NE(plan->describe().find("CudaOptions::next_projection"), std::string::npos) << plan->describe();
-  }
-  {
-    // H = 256 is not a multiple of 512: the block fuses, its next projection does not.
-    const MoeLayer layer(rng, 256, 32, 128, 128, 8);
-    const NextLayer next_weights(rng, LayerKind::full_attention, 256);
-    ModelWeights model;
-    model.layers.push_back(layer.weights());
-    model.layers.push_back(layer.weights());
-    next_weights.into(model.layers[1]);
-    const std::unique_ptr<DecodePlan> plan = be->make_decode_plan(model, DecodePlanShape{256, 32, 8, kEps});
-    ASSERT_TRUE(plan->has_moe_block()) << plan->describe();
-    EXPECT_FALSE(plan->fuses_next_projection(0));
-    EXPECT_NE(plan->describe().find("multiple of 512"), std::string::npos) << plan->describe();
-  }
+  expect_next_projection_refused(*off, rng, 2048, LayerKind::linear_attention, "CudaOptions::next_projection");
+  // H = 256 is not a multiple of 512.
+  expect_next_projection_refused(*be, rng, 256, LayerKind::full_attention, "multiple of 512");
 }
 
 }  // namespace
