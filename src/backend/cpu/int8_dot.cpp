@@ -193,49 +193,44 @@ LILY_TARGET_AVX2 inline float reduce_accumulators(__m256 acc) {
 }
 
 // The body of every vector path's row dot: `sums(r, x, g, count, v)` fills v[k] (8 int32
-// partials) for groups g..g+count-1 (count <= 8; v stays zero beyond), then the shared
-// epilogue. A macro, not a template taking a lambda: each path's function must carry its own
-// target, and GCC inlines a callee only into callers whose target contains the callee's, so a
-// shared AVX2 driver could not inline the AVX-512 group sums.
+// partials of the combined code 128 * hi + lo, lane by lane) for groups g..g+count-1 (count <=
+// 8; v stays zero beyond), then one reduction and the shared epilogue. The lane sums of the
+// combined partials are combine(hi total, lo total) exactly (integer adds, every partial within
+// the total's bound, < 2^31), so every path gives group_term's isum. A macro, not a template
+// taking a lambda: each path's function must carry its own target, and GCC inlines a callee
+// only into callers whose target contains the callee's, so a shared AVX2 driver could not
+// inline the AVX-512 group sums.
 #define LILY_INT8_ROW_DOT(NAME, TARGET, SUMS)                                 \
   TARGET float NAME(const Row& r, const Q8Activations& x) {                   \
-    const Plane hi = hi_plane(x);                                             \
-    const Plane lo = lo_plane(x);                                             \
     __m256 acc = _mm256_setzero_ps();                                         \
     __m256i v[kBlock];                                                        \
     int64_t g = 0;                                                            \
     for (; g + kBlock <= r.groups; g += kBlock) {                             \
-      SUMS(r, hi, g, kBlock, v);                                              \
-      const __m256i isum_hi = reduce8(v);                                     \
-      SUMS(r, lo, g, kBlock, v);                                              \
-      acc = epilogue8(acc, combine8(isum_hi, reduce8(v)), r, x, g);           \
+      SUMS(r, x, g, kBlock, v);                                               \
+      acc = epilogue8(acc, reduce8(v), r, x, g);                              \
     }                                                                         \
     if (g < r.groups) {                                                       \
       const int64_t count = r.groups - g;                                     \
       for (int k = 0; k < kBlock; ++k) v[k] = _mm256_setzero_si256();         \
-      SUMS(r, hi, g, count, v);                                               \
-      const __m256i isum_hi = reduce8(v);                                     \
-      for (int k = 0; k < kBlock; ++k) v[k] = _mm256_setzero_si256();         \
-      SUMS(r, lo, g, count, v);                                               \
-      acc = epilogue_tail(acc, combine8(isum_hi, reduce8(v)), count, r, x, g); \
+      SUMS(r, x, g, count, v);                                                \
+      acc = epilogue_tail(acc, reduce8(v), count, r, x, g);                   \
     }                                                                         \
     return reduce_accumulators(acc);                                          \
   }
 
+// Both planes' partials of a path whose group sums take one plane (`PLANE_SUMS(r, plane, g,
+// count, v)`), combined lane by lane.
+#define LILY_BOTH_PLANES(NAME, TARGET, PLANE_SUMS)                                              \
+  TARGET inline void NAME(const Row& r, const Q8Activations& x, int64_t g, int64_t count,      \
+                          __m256i* v) {                                                         \
+    __m256i lo[kBlock];                                                                         \
+    PLANE_SUMS(r, hi_plane(x), g, count, v);                                                    \
+    PLANE_SUMS(r, lo_plane(x), g, count, lo);                                                   \
+    for (int64_t k = 0; k < count; ++k) v[k] = combine8(v[k], lo[k]);                           \
+  }
+
 // ---------------------------------------------------------------------------------------------
 // AVX2: vpmaddubsw (u8 x s8 pairs to saturating i16) then vpmaddwd by 1 (i16 pairs to i32).
-
-// Q4: the pair sums are at most 2 * 15 * 127 = 3810 and two of them 7620, far below the i16
-// saturation of vpmaddubsw.
-LILY_TARGET_AVX2 inline __m256i q4_group_avx2(const uint8_t* c, const int8_t* xe) {
-  const __m256i mask = _mm256_set1_epi8(0x0F);
-  const __m256i codes = loadu256(c);
-  const __m256i lo = _mm256_and_si256(codes, mask);                         // elements 2i
-  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(codes, 4), mask);  // elements 2i+1
-  const __m256i p = _mm256_add_epi16(_mm256_maddubs_epi16(lo, loadu256(xe)),
-                                     _mm256_maddubs_epi16(hi, loadu256(xe + 64)));
-  return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
-}
 
 // Q8: a vpmaddubsw pair could reach 2 * 255 * 127 = 64770 and saturate i16, so both operands
 // are widened to i16 and multiplied by vpmaddwd (products <= 32385, pair sums exact in i32).
@@ -249,17 +244,37 @@ LILY_TARGET_AVX2 inline __m256i q8_group_avx2(const uint8_t* c, const int8_t* xq
   return s;
 }
 
-LILY_TARGET_AVX2 inline void q4_sums_avx2(const Row& r, const Plane& x, int64_t g,
+// Q4 with both planes at once: the group's codes loaded and split into nibbles once for the two
+// planes. The pair sums are at most 2 * 15 * 127 = 3810 and two of them 7620, far below the i16
+// saturation of vpmaddubsw.
+LILY_TARGET_AVX2 inline void q4_sums_avx2(const Row& r, const Q8Activations& x, int64_t g,
                                           int64_t count, __m256i* v) {
-  for (int64_t k = 0; k < count; ++k) v[k] = q4_group_avx2(r.codes + (g + k) * 32, q4_even(x, g + k));
+  const __m256i mask = _mm256_set1_epi8(0x0F);
+  const __m256i ones = _mm256_set1_epi16(1);
+  const Plane hi_x = hi_plane(x);
+  const Plane lo_x = lo_plane(x);
+  for (int64_t k = 0; k < count; ++k) {
+    const __m256i codes = loadu256(r.codes + (g + k) * 32);
+    const __m256i lo = _mm256_and_si256(codes, mask);                         // elements 2i
+    const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(codes, 4), mask);  // elements 2i+1
+    const int8_t* xh = q4_even(hi_x, g + k);
+    const int8_t* xl = q4_even(lo_x, g + k);
+    const __m256i ph = _mm256_add_epi16(_mm256_maddubs_epi16(lo, loadu256(xh)),
+                                        _mm256_maddubs_epi16(hi, loadu256(xh + 64)));
+    const __m256i pl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, loadu256(xl)),
+                                        _mm256_maddubs_epi16(hi, loadu256(xl + 64)));
+    v[k] = combine8(_mm256_madd_epi16(ph, ones), _mm256_madd_epi16(pl, ones));
+  }
 }
 
-LILY_TARGET_AVX2 inline void q8_sums_avx2(const Row& r, const Plane& x, int64_t g,
-                                          int64_t count, __m256i* v) {
+LILY_TARGET_AVX2 inline void q8_plane_sums_avx2(const Row& r, const Plane& x, int64_t g,
+                                                int64_t count, __m256i* v) {
   for (int64_t k = 0; k < count; ++k) {
     v[k] = q8_group_avx2(r.codes + (g + k) * 64, x.natural + (g + k) * kGroup);
   }
 }
+
+LILY_BOTH_PLANES(q8_sums_avx2, LILY_TARGET_AVX2, q8_plane_sums_avx2)
 
 LILY_INT8_ROW_DOT(row_dot_q4_avx2, LILY_TARGET_AVX2, q4_sums_avx2)
 
@@ -282,19 +297,22 @@ LILY_TARGET_AVX_VNNI inline __m256i q8_group_avx_vnni(const uint8_t* c, const in
   return _mm256_dpbusd_avx_epi32(s, loadu256(c + 32), loadu256(xq + 32));
 }
 
-LILY_TARGET_AVX_VNNI inline void q4_sums_avx_vnni(const Row& r, const Plane& x, int64_t g,
-                                                  int64_t count, __m256i* v) {
+LILY_TARGET_AVX_VNNI inline void q4_plane_sums_avx_vnni(const Row& r, const Plane& x, int64_t g,
+                                                        int64_t count, __m256i* v) {
   for (int64_t k = 0; k < count; ++k) {
     v[k] = q4_group_avx_vnni(r.codes + (g + k) * 32, q4_even(x, g + k));
   }
 }
 
-LILY_TARGET_AVX_VNNI inline void q8_sums_avx_vnni(const Row& r, const Plane& x, int64_t g,
-                                                  int64_t count, __m256i* v) {
+LILY_TARGET_AVX_VNNI inline void q8_plane_sums_avx_vnni(const Row& r, const Plane& x, int64_t g,
+                                                        int64_t count, __m256i* v) {
   for (int64_t k = 0; k < count; ++k) {
     v[k] = q8_group_avx_vnni(r.codes + (g + k) * 64, x.natural + (g + k) * kGroup);
   }
 }
+
+LILY_BOTH_PLANES(q4_sums_avx_vnni, LILY_TARGET_AVX_VNNI, q4_plane_sums_avx_vnni)
+LILY_BOTH_PLANES(q8_sums_avx_vnni, LILY_TARGET_AVX_VNNI, q8_plane_sums_avx_vnni)
 
 LILY_INT8_ROW_DOT(row_dot_q4_avx_vnni, LILY_TARGET_AVX_VNNI, q4_sums_avx_vnni)
 
@@ -320,8 +338,8 @@ LILY_TARGET_AVX512_VNNI inline __m512i q4_pair_avx512(__m512i codes, const int8_
 constexpr int64_t kDecodePrefetchBytes = 4096;
 
 // g is a multiple of 8, so this block's pairs start at group g.
-LILY_TARGET_AVX512_VNNI inline void q4_sums_avx512(const Row& r, const Plane& x, int64_t g,
-                                                   int64_t count, __m256i* v) {
+LILY_TARGET_AVX512_VNNI inline void q4_plane_sums_avx512(const Row& r, const Plane& x, int64_t g,
+                                                         int64_t count, __m256i* v) {
   for (int64_t k = 0; k < count; k += 2) {
     const uint8_t* c = r.codes + (g + k) * 32;
     // The decode streams each row once from DRAM and waits on it (about 5 GB/s a thread against
@@ -337,8 +355,8 @@ LILY_TARGET_AVX512_VNNI inline void q4_sums_avx512(const Row& r, const Plane& x,
   }
 }
 
-LILY_TARGET_AVX512_VNNI inline void q8_sums_avx512(const Row& r, const Plane& x, int64_t g,
-                                                   int64_t count, __m256i* v) {
+LILY_TARGET_AVX512_VNNI inline void q8_plane_sums_avx512(const Row& r, const Plane& x, int64_t g,
+                                                         int64_t count, __m256i* v) {
   for (int64_t k = 0; k < count; ++k) {
     const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(),
                                           _mm512_loadu_si512(r.codes + (g + k) * 64),
@@ -346,6 +364,9 @@ LILY_TARGET_AVX512_VNNI inline void q8_sums_avx512(const Row& r, const Plane& x,
     v[k] = _mm256_add_epi32(_mm512_castsi512_si256(s), upper256(s));
   }
 }
+
+LILY_BOTH_PLANES(q4_sums_avx512, LILY_TARGET_AVX512_VNNI, q4_plane_sums_avx512)
+LILY_BOTH_PLANES(q8_sums_avx512, LILY_TARGET_AVX512_VNNI, q8_plane_sums_avx512)
 
 LILY_INT8_ROW_DOT(row_dot_q4_avx512, LILY_TARGET_AVX512_VNNI, q4_sums_avx512)
 
