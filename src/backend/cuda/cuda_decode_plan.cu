@@ -141,11 +141,14 @@ void CudaDecodePlan::moe_block(size_t layer, const MoeBlockBuffers& b, const Nex
   p.out = b.delta;
   p.barrier = moe_barrier_;
   if (next != nullptr) {
-    const std::string where = "CudaDecodePlan::moe_block: layer " + std::to_string(layer) + "'s next projection";
-    if (!fuses_next_projection(layer)) throw std::logic_error(where + ": not in this plan (" + description_ + ")");
+    // (The message is built only on failure: this runs at every eager or recorded step.)
+    const auto where = [&] {
+      return "CudaDecodePlan::moe_block: layer " + std::to_string(layer) + "'s next projection";
+    };
+    if (!fuses_next_projection(layer)) throw std::logic_error(where() + ": not in this plan (" + description_ + ")");
     const cuda::NextProjectionParams& planned = next_[layer];
     if (next->count != static_cast<size_t>(planned.count) || next->norm != next_norms_[layer]) {
-      throw std::invalid_argument(where + ": expected the " + std::to_string(planned.count) +
+      throw std::invalid_argument(where() + ": expected the " + std::to_string(planned.count) +
                                   " input projections and the input norm of layer " +
                                   std::to_string(layer + 1));
     }
@@ -154,7 +157,7 @@ void CudaDecodePlan::moe_block(size_t layer, const MoeBlockBuffers& b, const Nex
       const MatmulTarget& target = next->targets[t];
       if (target.w != next_views_[layer][static_cast<size_t>(t)] || target.row_begin != 0 ||
           target.rows != planned.target[t].rows || target.y == nullptr) {
-        throw std::invalid_argument(where + ": target " + std::to_string(t) +
+        throw std::invalid_argument(where() + ": target " + std::to_string(t) +
                                     " is not the whole matrix the plan resolved, or has no output");
       }
       p.next.target[t].y = target.y;
