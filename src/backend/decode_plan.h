@@ -8,9 +8,6 @@
 
 namespace lily {
 
-struct MatmulTarget;  // backend/backend.h (which includes this header)
-struct DenseView;     // checkpoint/weights.h
-
 // The model's buffers that the MoE block of a decode step reads and writes (backend memory,
 // f32 unless noted; H = hidden, E = experts, k = experts per token, I = moe_intermediate,
 // S = shared_expert_intermediate).
@@ -24,16 +21,6 @@ struct MoeBlockBuffers {
   float* expert_weights = nullptr; // [k] out
   float* expert_h = nullptr;       // [k, I] scratch
   float* shared_h = nullptr;       // [S] scratch
-};
-
-// The next layer's input projection, which a plan may run at the end of a layer's MoE block:
-// the op path's add_rms_norm(residual, the block's output, *norm, normed) and
-// matmul_group(targets, normed), the targets being the next mixer's (Gated DeltaNet: qkv | z |
-// a | b; attention: q | k | v) into the model's buffers.
-struct NextProjection {
-  const MatmulTarget* targets = nullptr;
-  size_t count = 0;
-  const DenseView* norm = nullptr;  // the next layer's input norm
 };
 
 // What a plan needs besides the weights (from the model shape).
@@ -52,18 +39,13 @@ class DecodePlan {
   virtual std::string describe() const = 0;
   // Whether moe_block may be called (the shapes, code widths and the GPU allow it).
   virtual bool has_moe_block() const = 0;
-  // Whether moe_block(layer, ..., next) may be given layer + 1's input projection.
-  virtual bool fuses_next_projection(size_t layer) const = 0;
   // Layer `layer`'s MoE block for one token, with the results of the op path's
   // add_rms_norm + matmul_group(router | shared gate) + route_expert_swiglu +
-  // expert_down_combine, bit for bit; with `next` (nullptr: none), then also those of the
-  // next layer's input projection (NextProjection), bit for bit.
-  virtual void moe_block(size_t layer, const MoeBlockBuffers& buffers, const NextProjection* next) = 0;
-  // How many MoE blocks went through moe_block, and how many of them ran the next projection:
-  // recorded or eager calls (a replayed graph does not pass through the host). Tests of the
-  // fast path assert they rose.
+  // expert_down_combine, bit for bit.
+  virtual void moe_block(size_t layer, const MoeBlockBuffers& buffers) = 0;
+  // How many MoE blocks went through moe_block: recorded or eager calls (a replayed graph
+  // does not pass through the host). Tests of the fast path assert it rose.
   virtual uint64_t moe_blocks_run() const = 0;
-  virtual uint64_t next_projections_run() const = 0;
 };
 
 }  // namespace lily

@@ -109,19 +109,16 @@ void Qwen36Model::layers_forward(DecodeState& state, SeqPos pos, int64_t n) {
   be.rms_norm(residual_, weights_.layers[0].input_norm, n, H, eps_, normed_);
   // Each residual add + norm runs just before the projections that read it (`project`):
   // `pending` is the norm still owed to the residual stream when the next block starts.
-  // `projected`: the MoE block before already ran this layer's norm and input projection.
   const DenseView* pending = nullptr;
-  bool projected = false;
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
     const LayerWeights& layer = weights_.layers[i];
     if (layer.kind == LayerKind::linear_attention) {
-      delta_net_mixer(layer, state.delta_net[i], n, pending, projected);
+      delta_net_mixer(layer, state.delta_net[i], n, pending);
     } else {
-      attention_mixer(layer, state.attention[i], state.capacity, pos, n, pending, projected);
+      attention_mixer(layer, state.attention[i], state.capacity, pos, n, pending);
     }
-    projected = moe(i, n, &layer.post_attention_norm);
-    pending = i + 1 < weights_.layers.size() && !projected ? &weights_.layers[i + 1].input_norm
-                                                           : nullptr;
+    moe(i, n, &layer.post_attention_norm);
+    pending = i + 1 < weights_.layers.size() ? &weights_.layers[i + 1].input_norm : nullptr;
   }
   be.add_rms_norm(residual_, delta_, weights_.final_norm, n, H, eps_, normed_);
 }
@@ -202,67 +199,50 @@ void Qwen36Model::decode_step(DecodeState& state, const TokenChoice& choice) {
   state.device_position_value += 1;
 }
 
-Qwen36Model::MixerProjections Qwen36Model::mixer_projections(const LayerWeights& layer) const {
-  MixerProjections p;
-  if (layer.kind == LayerKind::linear_attention) {
-    const GatedDeltaNetWeights& w = layer.gdn;
-    const int64_t Hv = gdn_dims_.value_heads;
-    p.targets[0] = {&w.in_proj_qkv, 0, gdn_dims_.channels(), mixed_};
-    p.targets[1] = {&w.in_proj_z, 0, Hv * gdn_dims_.value_dim, z_};
-    p.targets[2] = {&w.in_proj_a, 0, Hv, a_};
-    p.targets[3] = {&w.in_proj_b, 0, Hv, b_};
-    p.count = 4;
-  } else {
-    const AttentionWeights& w = layer.attn;
-    const int64_t kv_rows = attn_dims_.kv_heads * attn_dims_.head_dim;
-    p.targets[0] = {&w.q_proj, 0, static_cast<int64_t>(shape_.attn_q_rows()), qg_};
-    p.targets[1] = {&w.k_proj, 0, kv_rows, k_};
-    p.targets[2] = {&w.v_proj, 0, kv_rows, v_};
-    p.count = 3;
-  }
-  return p;
-}
-
 void Qwen36Model::delta_net_mixer(const LayerWeights& layer, DecodeState::DeltaNetState& s,
-                                  int64_t n, const DenseView* pending_norm, bool projected) {
+                                  int64_t n, const DenseView* pending_norm) {
   Backend& be = backend_;
   const GatedDeltaNetWeights& w = layer.gdn;
-  if (!projected) project(mixer_projections(layer).span(), n, pending_norm);
+  const int64_t C = gdn_dims_.channels();
+  const int64_t Hv = gdn_dims_.value_heads;
+  const int64_t Dv = gdn_dims_.value_dim;
+  const MatmulTarget projections[] = {{&w.in_proj_qkv, 0, C, mixed_},
+                                      {&w.in_proj_z, 0, Hv * Dv, z_},
+                                      {&w.in_proj_a, 0, Hv, a_},
+                                      {&w.in_proj_b, 0, Hv, b_}};
+  project(projections, n, pending_norm);
   be.gated_delta_net_mixer(w, gdn_dims_, eps_, mixed_, z_, a_, b_, s.conv_window, s.recurrent, n,
                            conv_out_, gdn_out_, gdn_normed_, delta_);
 }
 
 void Qwen36Model::attention_mixer(const LayerWeights& layer, DecodeState::AttentionCache& cache,
                                   int64_t capacity, SeqPos start_pos, int64_t n,
-                                  const DenseView* pending_norm, bool projected) {
+                                  const DenseView* pending_norm) {
   Backend& be = backend_;
   const AttentionWeights& w = layer.attn;
-  if (!projected) project(mixer_projections(layer).span(), n, pending_norm);
+  const int64_t kv_rows = attn_dims_.kv_heads * attn_dims_.head_dim;
+  const MatmulTarget projections[] = {
+      {&w.q_proj, 0, static_cast<int64_t>(shape_.attn_q_rows()), qg_},
+      {&w.k_proj, 0, kv_rows, k_},
+      {&w.v_proj, 0, kv_rows, v_}};
+  project(projections, n, pending_norm);
   be.attention_prepare(qg_, k_, w.q_norm, w.k_norm, attn_dims_, start_pos, n, eps_);
   be.attention(qg_, k_, v_, cache.keys, cache.values, capacity, attn_dims_, start_pos, n,
                attn_out_);
   be.matmul(w.o_proj, 0, static_cast<int64_t>(shape_.hidden_size), attn_out_, n, delta_);
 }
 
-bool Qwen36Model::moe(size_t index, int64_t n, const DenseView* pending_norm) {
+void Qwen36Model::moe(size_t index, int64_t n, const DenseView* pending_norm) {
   Backend& be = backend_;
   const LayerWeights& layer = weights_.layers[index];
   const MoeWeights& w = layer.moe;
-  // One token with the norm still owed (always, in layers_forward): the plan's fused block,
-  // with the next layer's norm and input projection where the plan takes them.
+  // One token with the norm still owed (always, in layers_forward): the plan's fused block.
   if (n == 1 && pending_norm == &layer.post_attention_norm && plan_ != nullptr &&
       plan_->has_moe_block()) {
-    const MoeBlockBuffers buffers{residual_, delta_, normed_, router_logits_, shared_logit_,
-                                  expert_ids_, expert_weights_, expert_h_, shared_h_};
-    if (index + 1 < weights_.layers.size() && plan_->fuses_next_projection(index)) {
-      const LayerWeights& next_layer = weights_.layers[index + 1];
-      const MixerProjections targets = mixer_projections(next_layer);
-      const NextProjection next{targets.targets, targets.count, &next_layer.input_norm};
-      plan_->moe_block(index, buffers, &next);
-      return true;
-    }
-    plan_->moe_block(index, buffers, nullptr);
-    return false;
+    plan_->moe_block(index, MoeBlockBuffers{residual_, delta_, normed_, router_logits_,
+                                            shared_logit_, expert_ids_, expert_weights_,
+                                            expert_h_, shared_h_});
+    return;
   }
   const auto E = static_cast<int64_t>(shape_.num_experts);
   const auto k = static_cast<int64_t>(shape_.num_experts_per_tok);
@@ -274,7 +254,6 @@ bool Qwen36Model::moe(size_t index, int64_t n, const DenseView* pending_norm) {
                          n, &w.experts_down);
   be.expert_down_combine(w.experts_down, expert_h_, expert_ids_, expert_weights_, n, k,
                          w.shared_down, shared_h_, shared_logit_, delta_);
-  return false;
 }
 
 void Qwen36Model::logits_to_host(std::vector<float>& out) {

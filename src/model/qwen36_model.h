@@ -96,24 +96,14 @@ class Qwen36Model {
   // The projections that read normed_: matmul_group on normed_, after residual_ += delta_ and
   // normed_ = rms_norm(residual_) * pending_norm when pending_norm is set.
   void project(std::span<const MatmulTarget> targets, int64_t n, const DenseView* pending_norm);
-  // A mixer's input projections, into the model's buffers (Gated DeltaNet: qkv | z | a | b;
-  // attention: q | k | v).
-  struct MixerProjections {
-    MatmulTarget targets[4];
-    size_t count = 0;
-    std::span<const MatmulTarget> span() const { return {targets, count}; }
-  };
-  MixerProjections mixer_projections(const LayerWeights& layer) const;
-  // The mixers. `projected`: the previous MoE block already ran this layer's input projection
-  // (and its norm), so they start from its outputs.
   void delta_net_mixer(const LayerWeights& layer, DecodeState::DeltaNetState& s, int64_t n,
-                       const DenseView* pending_norm, bool projected);
+                       const DenseView* pending_norm);
   void attention_mixer(const LayerWeights& layer, DecodeState::AttentionCache& cache,
                        int64_t capacity, SeqPos start_pos, int64_t n,
-                       const DenseView* pending_norm, bool projected);
+                       const DenseView* pending_norm);
   // Layer `index`'s MoE block: the decode plan's fused kernel for one token where it has one,
-  // else the ops. Returns whether the plan also ran layer index + 1's input projection.
-  bool moe(size_t index, int64_t n, const DenseView* pending_norm);
+  // else the ops.
+  void moe(size_t index, int64_t n, const DenseView* pending_norm);
 
   const ModelWeights& weights_;
   ModelShape shape_;

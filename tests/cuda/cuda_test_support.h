@@ -30,13 +30,6 @@ inline const CudaPathCounts& path_counts(const Backend& be) { return cuda_path_c
       ::lily::testing::cuda_backend_or_null(&lily_skip_reason_);        \
   if (!be) GTEST_SKIP() << "no usable CUDA device: " << lily_skip_reason_
 
-// The same with the backend built with `options`.
-#define LILY_CUDA_BACKEND_WITH_OR_SKIP(be, options)                     \
-  std::string lily_skip_reason_;                                        \
-  std::unique_ptr<::lily::Backend> be =                                 \
-      ::lily::testing::cuda_backend_or_null(options, &lily_skip_reason_); \
-  if (!be) GTEST_SKIP() << "no usable CUDA device: " << lily_skip_reason_
-
 // Host <-> backend memory through the Backend interface (works for CPU and CUDA alike).
 float* to_device(Backend& be, std::span<const float> host);
 int32_t* to_device(Backend& be, std::span<const int32_t> host);

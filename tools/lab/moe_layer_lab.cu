@@ -72,9 +72,9 @@ int main() {
     p.barrier = barrier;
   }
   LILY_CUDA_CHECK(cudaDeviceSynchronize());
-  const MoeLayerLaunch grid = moe_layer_launch(layers[0], 0);
-  std::printf("moe_layer: grid %d blocks, %zu bytes of shared memory; unsupported: '%s'\n", grid.grid,
-              grid.shared_bytes, moe_layer_unsupported(layers[0]).c_str());
+  const int grid = moe_layer_grid(layers[0]);
+  std::printf("moe_layer: grid %d blocks, %zu bytes of shared memory; unsupported: '%s'\n", grid,
+              moe_layer_shared_bytes(layers[0]), moe_layer_unsupported(layers[0]).c_str());
 
   // The op path of one layer, as CudaBackend dispatches it for n = 1.
   const auto ops = [&](const MoeLayerParams& p) {
@@ -107,7 +107,7 @@ int main() {
 
   // One launch with the timeline (after a warm launch of the same layer: weights in L2 then,
   // so also one of a cold layer).
-  auto* timeline = dev<unsigned long long>(int64_t(grid.grid) * kMoeLayerStamps);
+  auto* timeline = dev<unsigned long long>(int64_t(grid) * kMoeLayerStamps);
   const char* names[kMoeLayerStamps] = {"wait", "norm", "router", "barrier1", "route",
                                         "swiglu", "barrier2", "stage", "down"};
   for (int l : {0, 0}) {
@@ -116,7 +116,7 @@ int main() {
     moe_layer(layers[7], grid, s);  // another layer's weights first
     moe_layer(p, grid, s);
     LILY_CUDA_CHECK(cudaStreamSynchronize(s));
-    print_timeline(timeline, grid.grid, kMoeLayerStamps, names);
+    print_timeline(timeline, grid, kMoeLayerStamps, names);
   }
   return 0;
 }

@@ -293,21 +293,6 @@ void moe_route(const float* logits, int64_t n, int64_t experts, int64_t k, int32
 // shared-gate logits; top-k routing; the routed and shared SwiGLU; out = down + combine.
 // Bit-identical to add_rms_norm + gemv_batch + route_expert_swiglu_gemv +
 // expert_down_combine_gemv. out may be delta (it is written only after delta is read).
-// The next layer's input projection that moe_layer can run after its down phase (the op
-// path's add_rms_norm with the next layer's input norm, then matmul_group of these targets):
-// residual += the block's output, normed = rms_norm(residual) * norm_gain, y_t = W_t . normed.
-// Each block stages its share of the targets' rows (rows_per_block consecutive rows of their
-// concatenation) in shared memory before the dependency wait. Q4 targets with in = hidden,
-// hidden % 512 == 0 (moe_layer_next_unsupported says why not).
-inline constexpr int kMaxNextTargets = 4;
-struct NextProjectionParams {
-  int count = 0;                           // targets; 0: the kernel ends after the down phase
-  GemvTarget target[kMaxNextTargets];      // y [rows] f32 each
-  int64_t rows = 0;                        // the targets' rows together
-  int64_t rows_per_block = 0;              // rows staged per block (the plan's launch shape)
-  const float* norm_gain = nullptr;        // [H] f32, the next layer's input norm
-};
-
 struct MoeLayerParams {
   int64_t hidden = 0;   // H
   int64_t experts = 0;  // E
@@ -332,29 +317,17 @@ struct MoeLayerParams {
   // Profiling only (tools/lab/moe_layer_lab.cu), nullptr in the server: [grid, kMoeLayerStamps]
   // u64 %globaltimer stamps of each block's phase ends.
   unsigned long long* timeline = nullptr;
-  NextProjectionParams next;  // count 0: none (last, so that the other fields keep their offsets)
 };
-// The phase ends moe_layer stamps into MoeLayerParams::timeline, kMoeLayerStamps a block: after
-// the dependency wait, the norm, the router, barrier 1, the routing, the SwiGLU, barrier 2, the
-// staging, the end. With a next projection kMoeLayerNextStamps: 8 is then the down phase's end,
-// 9 the next layer's norm (after barrier 3) and 10 the end.
+// The phase ends moe_layer stamps into MoeLayerParams::timeline: after the dependency wait,
+// the norm, the router, barrier 1, the routing, the SwiGLU, barrier 2, the staging, the end.
 inline constexpr int kMoeLayerStamps = 9;
-inline constexpr int kMoeLayerNextStamps = 11;
 // Empty when moe_layer takes these shapes and code widths, else why not.
 std::string moe_layer_unsupported(const MoeLayerParams& p);
-// Empty when moe_layer can run `next` (its targets set, rows_per_block not yet) after the block
-// p describes, else why not.
-std::string moe_layer_next_unsupported(const MoeLayerParams& p, const NextProjectionParams& next);
-// How every moe_layer launch of a plan runs: the grid (every block co-resident: blocks per SM
-// from the occupancy calculator x SMs; 0 when none fits), the dynamic shared memory and the
-// next projection's rows per block, for next projections of at most `next_rows` rows (0: none).
-struct MoeLayerLaunch {
-  int grid = 0;
-  size_t shared_bytes = 0;
-  int64_t next_rows_per_block = 0;
-};
-MoeLayerLaunch moe_layer_launch(const MoeLayerParams& p, int64_t next_rows);
-void moe_layer(const MoeLayerParams& p, const MoeLayerLaunch& shape, Stream s);
+// The grid moe_layer must be launched with: every block co-resident (blocks per SM from the
+// occupancy calculator x SMs); 0 when none fits.
+int moe_layer_grid(const MoeLayerParams& p);
+size_t moe_layer_shared_bytes(const MoeLayerParams& p);
+void moe_layer(const MoeLayerParams& p, int grid, Stream s);
 
 // ---- sampler.cu -------------------------------------------------------------------------
 // The sampler ops' device state that must start zeroed (counters, a histogram): the backend

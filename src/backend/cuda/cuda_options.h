@@ -22,11 +22,6 @@ struct CudaOptions {
   bool stream_gemv = true;  // the bulk-copy lm_head GEMV (sm_90+ code, 144 KB shared memory)
   bool fused_conv = true;   // the conv inside the one-token delta rule (gated_delta_net_mixer)
   bool moe_layer = true;    // the decode plan's persistent MoE kernel (one launch per layer)
-  // Experimental, off, and not a --cuda-disable path yet: the next layer's norm and input
-  // projection inside that kernel (moe_layer.cu). Written and tested for bit-identity in a
-  // session without a GPU; the tests turn it on. Once it has run and been measured on the
-  // H200, it becomes a path of kCudaPaths (on if it wins) or goes to the kernel lab.
-  bool next_projection = false;
 
   // The names --cuda-disable takes, comma separated: "pdl, stream-gemv, fused-conv, moe-layer".
   static std::string names();

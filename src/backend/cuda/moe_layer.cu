@@ -13,16 +13,6 @@
 // bit-identical to it (tests/cuda/moe_layer_test.cpp checks that). The norm copies the op
 // path's choice of kernel by the hidden width: one warp up to 256 values, the register-resident
 // block form up to 4096.
-//
-// The next layer's input projection (MoeLayerParams::next) can follow in the same launch: the
-// residual add, the next layer's input norm and the GEMV of its mixer's projections (the op
-// path's add_rms_norm and one gemv_batch), after a third barrier. Why: those two launches cannot
-// start before every block of this grid has left its SM (the grid holds every register), so
-// their weights (14 MB for a Gated DeltaNet layer) used to be loaded only after this kernel.
-// Here each block copies its rows of them into shared memory at its start, while the MoE
-// block's phases wait on latency, and only the arithmetic is left after the barrier. Each row
-// is summed by the same lanes in the same order as gemv_kernel's (lane l: chunks l, l + 32,
-// ...), so the outputs are the op path's bit for bit.
 #include <cstdint>
 #include <stdexcept>
 #include <string>
@@ -31,7 +21,6 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/grid_barrier.cuh"
 #include "backend/cuda/moe_route.cuh"
-#include "backend/cuda/ptx.cuh"
 #include "backend/cuda/quant_dot.cuh"
 #include "backend/cuda/residual_norm.cuh"
 
@@ -49,18 +38,12 @@ constexpr int kSwigluRows = 4;  // rows per SwiGLU unit, as moe_gemv.cu (any cou
 constexpr int kSharedSwigluRows = 1;
 constexpr int kDownRows = 1;    // rows per down unit (moe_gemv.cu takes 2; a row's values do not depend on it)
 constexpr int kDownUnroll = 8;  // items per lane per trip, as moe_gemv.cu
-// Rows per lane segment in the next projection: the model's share of 47 rows a block (a Gated
-// DeltaNet layer's 12,352 rows over 264 blocks) is one round of the block's 8 warps.
-constexpr int kNextRows = 6;
 
-// (kStride: stamps a block, a constant: kMoeLayerStamps, or kMoeLayerNextStamps with the next
-// projection.)
-template <int kStride>
 __device__ __forceinline__ void stamp(const MoeLayerParams& p, int phase) {
   if (p.timeline == nullptr || threadIdx.x != 0) return;
   unsigned long long t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  p.timeline[blockIdx.x * kStride + phase] = t;
+  p.timeline[blockIdx.x * kMoeLayerStamps + phase] = t;
 }
 
 // The staged copies of the normalised input: one swizzled for the router's code width, one
@@ -74,19 +57,16 @@ __device__ __forceinline__ void store_normed(float4* for_router, float4* for_exp
   for_experts[gemv_detail::swizzled_float4<EB>(f / FE, static_cast<int>(f % FE))] = v;
 }
 
-// residual + delta into `sums` and its RMSNorm (post_attention_norm), staged twice; block 0 also writes
-// normed (the residual is written after the first barrier: other blocks read it until then).
-// Same arithmetic as norm_warp_kernel<add> (H <= 256) or norm_vec_kernel<add, V> (H > 256), and
-// as residual_norm.cuh's residual_norm, written out here on purpose: built on residual_norm (a
+// residual + delta into `sums` and its RMSNorm, staged twice; block 0 also writes normed (the
+// residual is written after the first barrier: other blocks read it until then). Same
+// arithmetic as norm_warp_kernel<add> (H <= 256) or norm_vec_kernel<add, V> (H > 256), and as
+// residual_norm.cuh's residual_norm, written out here on purpose: built on residual_norm (a
 // store callback, V chosen inside), this kernel compiled to other spills in its hot loops and
-// decode measured 0.8% slower (docs/perf/bench-cuda.md). kAdd false: the next layer's input norm
-// of the residual, which already holds the sum (written in this launch, so read through L2);
-// above 256 values `sums` is left alone.
-template <int RB, int EB, int V, bool kAdd>
+// decode measured 0.8% slower (docs/perf/bench-cuda.md).
+template <int RB, int EB, int V>
 __device__ void stage_norm(const MoeLayerParams& p, float4* for_router, float4* for_experts,
                            float* sums, float* partial) {
   const int64_t H = p.hidden;
-  const float* gain = kAdd ? p.norm_gain : p.next.norm_gain;
   if (H <= 256) {
     // norm_warp_kernel: lane l holds values l + 32c; warp 0 does it, the others wait.
     if (threadIdx.x < 32) {
@@ -98,11 +78,7 @@ __device__ void stage_norm(const MoeLayerParams& p, float4* for_router, float4* 
         const int64_t i = lane + 32 * c;
         v[c] = 0.0f;
         if (i < H) {
-          if constexpr (kAdd) {
-            v[c] = p.residual[i] + p.delta[i];
-          } else {
-            v[c] = load_shared_result(p.residual + i);
-          }
+          v[c] = p.residual[i] + p.delta[i];
           sum_sq = fmaf(v[c], v[c], sum_sq);
         }
       }
@@ -111,7 +87,7 @@ __device__ void stage_norm(const MoeLayerParams& p, float4* for_router, float4* 
       for (int c = 0; c < 8; ++c) {
         const int64_t i = lane + 32 * c;
         if (i < H) sums[i] = v[c];
-        if (i < H) v[c] = v[c] * inv * gain[i];
+        if (i < H) v[c] = v[c] * inv * p.norm_gain[i];
         if (i < H && blockIdx.x == 0) p.normed[i] = v[c];
       }
       __syncwarp();
@@ -138,14 +114,10 @@ __device__ void stage_norm(const MoeLayerParams& p, float4* for_router, float4* 
     const int64_t q = threadIdx.x + static_cast<int64_t>(i) * kThreads;
     sum[i] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
     if (q < quads) {
-      if constexpr (kAdd) {
-        const float4 a = r[q];
-        const float4 b = d[q];
-        sum[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
-        reinterpret_cast<float4*>(sums)[q] = sum[i];
-      } else {
-        sum[i] = __ldcg(r + q);
-      }
+      const float4 a = r[q];
+      const float4 b = d[q];
+      sum[i] = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+      reinterpret_cast<float4*>(sums)[q] = sum[i];
     }
   }
   float sum_sq = 0.0f;
@@ -157,7 +129,7 @@ __device__ void stage_norm(const MoeLayerParams& p, float4* for_router, float4* 
     sum_sq = fmaf(sum[i].w, sum[i].w, sum_sq);
   }
   const float inv = rms_scale(norm_block_sum(sum_sq, partial), H, p.eps);
-  const auto* g = reinterpret_cast<const float4*>(gain);
+  const auto* g = reinterpret_cast<const float4*>(p.norm_gain);
 #pragma unroll
   for (int i = 0; i < V; ++i) {
     const int64_t q = threadIdx.x + static_cast<int64_t>(i) * kThreads;
@@ -476,7 +448,7 @@ __device__ __forceinline__ float shared_down_gate(const MoeLayerParams& p) {
 // first trip (rows warp * kDownRows.., items lane, lane + 32, ...), loaded by the caller before
 // the second barrier: the weights depend only on the routing, so only the arithmetic waits
 // for h.
-template <int EB, bool kNext>
+template <int EB>
 __device__ void down_phase(const MoeLayerParams& p, const float4* staged, const int32_t* ids,
                            const float* weights, float gate, int64_t warp, int64_t warps,
                            const DownTrip& first) {
@@ -501,141 +473,7 @@ __device__ void down_phase(const MoeLayerParams& p, const float4* staged, const 
 #pragma unroll
     for (int i = 0; i < R; ++i) {
       const float v = warp_sum(acc[i]);
-      if (lane == 0 && r0 + i < H) {
-        p.out[r0 + i] = v;
-        // The next layer's residual add (add_rms_norm's residual + delta), when its norm
-        // follows in this launch: the row's only writer, after block 0's store of barrier 1.
-        if constexpr (kNext) p.residual[r0 + i] = load_shared_result(p.residual + r0 + i) + v;
-      }
-    }
-  }
-}
-
-// ---- the next layer's input projection --------------------------------------------------
-// Shared memory of a block's rows (Q4, in = H): codes [rows_per_block][H / 2 bytes], then
-// scales and biases [rows_per_block][H / 64] BF16 each. H % 512 == 0 keeps every row of each
-// part a whole number of 16-byte pieces.
-struct NextRowsLayout {
-  int64_t code_row_bytes;   // H / 2
-  int64_t group_row_bytes;  // H / 64 * 2
-  int64_t rows;             // rows_per_block
-  __device__ int64_t scales_offset() const { return rows * code_row_bytes; }
-  __device__ int64_t biases_offset() const { return rows * (code_row_bytes + group_row_bytes); }
-};
-__device__ __forceinline__ NextRowsLayout next_rows_layout(const MoeLayerParams& p) {
-  return {p.hidden / 2, p.hidden / kGroupSize * 2, p.next.rows_per_block};
-}
-
-// The target that row g of the targets' concatenation belongs to, and its row there. Selected
-// with constant indices: a dynamic index into the kernel parameters would copy them to local
-// memory.
-struct NextRow {
-  GemvTarget target;
-  int64_t row;  // within the target's rows
-};
-__device__ __forceinline__ NextRow next_row(const NextProjectionParams& n, int64_t g) {
-  NextRow out{n.target[0], g};
-  int64_t begin = 0;
-#pragma unroll
-  for (int t = 0; t < kMaxNextTargets; ++t) {
-    if (t < n.count && g >= begin) out = NextRow{n.target[t], g - begin};
-    begin += n.target[t].rows;
-  }
-  return out;
-}
-
-// This block's rows [blockIdx.x * rows_per_block, + rows_per_block) of the concatenation
-// (fewer at the end) and how many there are (may be <= 0 for the last blocks).
-__device__ __forceinline__ int64_t next_block_rows(const NextProjectionParams& n) {
-  const int64_t begin = static_cast<int64_t>(blockIdx.x) * n.rows_per_block;
-  return n.rows - begin < n.rows_per_block ? n.rows - begin : n.rows_per_block;
-}
-
-// Every thread issues its share of the block's rows' 16-byte pieces as cp.async (global ->
-// shared, no registers held), one commit group; next_projection_phase waits for them.
-__device__ void issue_next_rows(const MoeLayerParams& p, unsigned char* dst) {
-  const NextProjectionParams& n = p.next;
-  const int64_t count = next_block_rows(n);
-  const NextRowsLayout L = next_rows_layout(p);
-  const int64_t code_pieces = L.code_row_bytes / 16;
-  const int64_t group_pieces = L.group_row_bytes / 16;
-  const int64_t per_row = code_pieces + 2 * group_pieces;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * n.rows_per_block;
-  for (int64_t q = threadIdx.x; q < count * per_row; q += kThreads) {
-    // (32-bit division: the counts are small.)
-    const int64_t j = static_cast<uint32_t>(q) / static_cast<uint32_t>(per_row);
-    const int64_t piece = q - j * per_row;
-    const NextRow r = next_row(n, first + j);
-    const int64_t row = r.target.row_begin + r.row;
-    const unsigned char* src;
-    int64_t to;
-    if (piece < code_pieces) {
-      src = reinterpret_cast<const unsigned char*>(r.target.w.codes) + row * L.code_row_bytes + 16 * piece;
-      to = j * L.code_row_bytes + 16 * piece;
-    } else if (piece < code_pieces + group_pieces) {
-      const int64_t g = piece - code_pieces;
-      src = reinterpret_cast<const unsigned char*>(r.target.w.scales) + row * L.group_row_bytes + 16 * g;
-      to = L.scales_offset() + j * L.group_row_bytes + 16 * g;
-    } else {
-      const int64_t g = piece - code_pieces - group_pieces;
-      src = reinterpret_cast<const unsigned char*>(r.target.w.biases) + row * L.group_row_bytes + 16 * g;
-      to = L.biases_offset() + j * L.group_row_bytes + 16 * g;
-    }
-    ptx::cp_async16(ptx::smem_u32(dst + to), src, 16);
-  }
-  ptx::cp_async_commit();
-}
-
-// y = W . normed for the block's rows, from the staged rows and the staged normed input (Q4
-// swizzle): a segment of `lanes` lanes per kNextRows rows, lane li over chunks li, li + lanes,
-// ... added one after the other, then the segment's xor sum: gemv_kernel's order, so the same
-// bits. The caller has waited for the copies and synced the block.
-__device__ void next_projection_phase(const MoeLayerParams& p, const float4* staged,
-                                      const unsigned char* rows) {
-  constexpr int R = kNextRows;
-  using C = Chunk<4>;
-  const NextProjectionParams& n = p.next;
-  const int64_t count = next_block_rows(n);
-  const NextRowsLayout L = next_rows_layout(p);
-  const int chunks = static_cast<int>(p.hidden / C::kValues);
-  const int lanes = gemv_detail::lanes_for_chunks(chunks);
-  const int segments = 32 / lanes;
-  const int lane = static_cast<int>(threadIdx.x) & 31;
-  const int li = lane & (lanes - 1);
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * n.rows_per_block;
-  // (count is the same for the whole block, so whole warps leave together: shuffles below.)
-  const gemv_detail::SharedActs acts{staged};
-  const auto* scales = reinterpret_cast<const __nv_bfloat16*>(rows + L.scales_offset());
-  const auto* biases = reinterpret_cast<const __nv_bfloat16*>(rows + L.biases_offset());
-  const int64_t words = L.code_row_bytes / 4;
-  const int64_t groups = L.group_row_bytes / 2;
-  for (int64_t base = static_cast<int64_t>(threadIdx.x / 32) * segments * R; base < count;
-       base += static_cast<int64_t>(kWarps) * segments * R) {
-    const int64_t j0 = base + (lane / lanes) * R;
-    int64_t j[R];
-#pragma unroll
-    for (int i = 0; i < R; ++i) j[i] = j0 + i < count ? j0 + i : count - 1;  // past the end: re-read, never stored
-    float acc[R][1] = {};
-    for (int c = li; c < chunks; c += lanes) {
-      uint4 q[R];
-      float sc[R];
-      float bi[R];
-#pragma unroll
-      for (int i = 0; i < R; ++i) {
-        q[i] = *reinterpret_cast<const uint4*>(reinterpret_cast<const uint32_t*>(rows) + j[i] * words + 4 * c);
-        sc[i] = __bfloat162float(scales[j[i] * groups + c / C::kPerGroup]);
-        bi[i] = __bfloat162float(biases[j[i] * groups + c / C::kPerGroup]);
-      }
-      const int64_t at[1] = {c};
-      gemv_detail::chunk_dot<4, R, 1>(q, sc, bi, acts, at, acc);
-    }
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-      const float v = gemv_detail::segment_sum(acc[i][0], lanes);
-      if (li == 0 && j0 + i < count) {
-        const NextRow r = next_row(n, first + j0 + i);
-        r.target.y[r.row] = v;
-      }
+      if (lane == 0 && r0 + i < H) p.out[r0 + i] = v;
     }
   }
 }
@@ -651,29 +489,14 @@ __device__ void stage_results(const float* src, int64_t count, int64_t first_chu
   }
 }
 
-// The dynamic shared memory's first region, in bytes (a multiple of 16): the staged normed
-// input and sums (4 x H floats: phase 1 and the next layer's norm) or h | shared_h (phase 3).
-// The next projection's rows follow it.
-__host__ __device__ inline int64_t moe_activation_bytes(const MoeLayerParams& p) {
-  const int64_t normed = 4 * p.hidden * static_cast<int64_t>(sizeof(float));
-  const int64_t down = (p.k * p.down.in + p.shared_down.in) * static_cast<int64_t>(sizeof(float));
-  const int64_t bytes = normed > down ? normed : down;
-  return (bytes + 15) / 16 * 16;
-}
-
-constexpr int kBlocksPerSm = 2;  // the launch bounds' minimum: 128 registers a thread
-
-// kNext: with the next layer's input projection (p.next); a variant of its own, so that the
-// kernel without it compiles to the same code as before it existed.
-template <int RB, int EB, bool kNext>
-__global__ void __launch_bounds__(kThreads, kBlocksPerSm) moe_layer_kernel(MoeLayerParams p) {
+template <int RB, int EB>
+__global__ void __launch_bounds__(kThreads, 2) moe_layer_kernel(MoeLayerParams p) {
   extern __shared__ float4 smem[];
   __shared__ float partial[kWarps];
   __shared__ float logits[kMaxFusedRouteExperts];
   __shared__ int32_t ids[kMaxFusedRouteK];
   __shared__ float weights[kMaxFusedRouteK];
   __shared__ float pair_buffer[kWarps / 2][2 * kSwigluRows * 32];
-  constexpr int kStride = kNext ? kMoeLayerNextStamps : kMoeLayerStamps;
   const int64_t H = p.hidden;
   const bool paired = paired_rows<EB>(H);
   const SwigluSetRef routed_set{&p.gate, &p.up, p.gate.out, p.h};
@@ -704,11 +527,8 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) moe_layer_kernel(MoeLa
       for (int64_t s = lane; s < expert_bytes / 32; s += 32) prefetch_l2(base + s * 32);
     }
   }
-  // The next projection's rows, straight into shared memory (after the activations' region).
-  unsigned char* next_rows = reinterpret_cast<unsigned char*>(smem) + moe_activation_bytes(p);
-  if constexpr (kNext) issue_next_rows(p, next_rows);
   grid_dependency_wait();
-  stamp<kStride>(p, 0);
+  stamp(p, 0);
 
   // Phase 1: the norm (every block its own copy), the router and shared-gate logits.
   // Shared memory: [H] normed for the router, [H] normed for the experts, [2H] sums (and, for
@@ -717,12 +537,12 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) moe_layer_kernel(MoeLa
   float4* for_experts = smem + H / 4;
   float* sums = reinterpret_cast<float*>(smem + H / 2);
   if (H <= 2048) {
-    stage_norm<RB, EB, 2, true>(p, for_router, for_experts, sums, partial);
+    stage_norm<RB, EB, 2>(p, for_router, for_experts, sums, partial);
   } else {
-    stage_norm<RB, EB, 4, true>(p, for_router, for_experts, sums, partial);
+    stage_norm<RB, EB, 4>(p, for_router, for_experts, sums, partial);
   }
   __syncthreads();
-  stamp<kStride>(p, 1);
+  stamp(p, 1);
   router_phase<RB>(p, for_router, warp, warps);
   // The shared expert's SwiGLU needs no routing: it runs here, on the warps the router's
   // rows leave idle (pairs 1-3 of each block, or the last virtual warps), and its h is
@@ -734,9 +554,9 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) moe_layer_kernel(MoeLa
     swiglu_units_by_warp<EB, kSharedSwigluRows>(p, shared_set, nullptr, 1, for_experts,
                                                 warps - 1 - warp, warps);
   }
-  stamp<kStride>(p, 2);
+  stamp(p, 2);
   grid_barrier(p.barrier);
-  stamp<kStride>(p, 3);
+  stamp(p, 3);
 
   // Block 0 now owns the residual: every block has read it.
   if (blockIdx.x == 0) {
@@ -766,7 +586,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) moe_layer_kernel(MoeLa
     }
   }
   __syncthreads();
-  stamp<kStride>(p, 4);
+  stamp(p, 4);
   prefetch_down<EB>(p, ids, warp, warps);
   if (paired) {
     swiglu_units_by_pair<EB, kSwigluRows>(p, routed_set, ids, p.k, for_experts, 0, kWarps / 2,
@@ -774,7 +594,7 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) moe_layer_kernel(MoeLa
   } else {
     swiglu_units_by_warp<EB, kSwigluRows>(p, routed_set, ids, p.k, for_experts, warp, warps);
   }
-  stamp<kStride>(p, 5);
+  stamp(p, 5);
   // The second barrier in two halves: between this block's arrival and its wait, each warp
   // loads its first down trip (the routing chose the experts; the weights depend on no other
   // block), so the loads overlap the wait and only the arithmetic waits for h. (Loaded before
@@ -784,56 +604,43 @@ __global__ void __launch_bounds__(kThreads, kBlocksPerSm) moe_layer_kernel(MoeLa
   const unsigned long long target = grid_arrive(p.barrier);
   if (warp * kDownRows < H) load_down_trip<EB>(p, ids, warp * kDownRows, lane, first_down);
   grid_wait(p.barrier, target);
-  stamp<kStride>(p, 6);
+  stamp(p, 6);
 
   // Phase 3: down + combine over h and shared_h, staged like down_combine_kernel's.
   const int64_t I = p.down.in;
   stage_results<EB>(p.h, p.k * I, 0, smem);
   stage_results<EB>(p.shared_h, p.shared_down.in, p.k * (I / Chunk<EB>::kValues), smem);
   __syncthreads();
-  stamp<kStride>(p, 7);
-  down_phase<EB, kNext>(p, smem, ids, weights, down_gate, warp, warps, first_down);
-  if constexpr (kNext) {
-    // Phase 4: every row of the output and of the residual is out after the third barrier;
-    // each block normalises the residual with the next layer's input norm (block 0 writes
-    // normed) and multiplies its staged rows.
-    stamp<kStride>(p, 8);
-    grid_barrier(p.barrier);
-    if (H <= 2048) {
-      stage_norm<RB, EB, 2, false>(p, for_router, for_experts, sums, partial);
-    } else {
-      stage_norm<RB, EB, 4, false>(p, for_router, for_experts, sums, partial);
-    }
-    ptx::cp_async_wait_all();
-    __syncthreads();
-    stamp<kStride>(p, 9);
-    static_assert(EB == 4, "the next projection reads the experts' Q4 swizzle");
-    next_projection_phase(p, for_experts, next_rows);
-  }
+  stamp(p, 7);
+  down_phase<EB>(p, smem, ids, weights, down_gate, warp, warps, first_down);
   allow_dependent_launch();
   __syncthreads();
-  stamp<kStride>(p, kNext ? 10 : 8);  // every block is past the barriers: the next kernel cannot starve one
+  stamp(p, 8);  // every block is past the barriers: the next kernel cannot starve one
 }
 
 }  // namespace
 
+size_t moe_layer_shared_bytes(const MoeLayerParams& p) {
+  const size_t normed = 4 * static_cast<size_t>(p.hidden) * sizeof(float);
+  const size_t down = static_cast<size_t>(p.k * p.down.in + p.shared_down.in) * sizeof(float);
+  return normed > down ? normed : down;
+}
 
 namespace {
 template <int RB, int EB>
-void* kernel_for(bool next) {
-  return next ? reinterpret_cast<void*>(moe_layer_kernel<RB, EB, true>)
-              : reinterpret_cast<void*>(moe_layer_kernel<RB, EB, false>);
+void* kernel_for() {
+  return reinterpret_cast<void*>(moe_layer_kernel<RB, EB>);
 }
-void* moe_layer_kernel_for(int router_bits, int expert_bits, bool next) {
-  if (router_bits == 8 && expert_bits == 4) return kernel_for<8, 4>(next);
-  if (router_bits == 4 && expert_bits == 4) return kernel_for<4, 4>(next);
+void* moe_layer_kernel_for(int router_bits, int expert_bits) {
+  if (router_bits == 8 && expert_bits == 4) return kernel_for<8, 4>();
+  if (router_bits == 4 && expert_bits == 4) return kernel_for<4, 4>();
   return nullptr;
 }
 }  // namespace
 
 std::string moe_layer_unsupported(const MoeLayerParams& p) {
   const auto same = [](const QuantMatrix& a, const QuantMatrix& b) { return a.bits == b.bits; };
-  if (moe_layer_kernel_for(p.router.bits, p.gate.bits, false) == nullptr) {
+  if (moe_layer_kernel_for(p.router.bits, p.gate.bits) == nullptr) {
     return "router " + std::to_string(p.router.bits) + "-bit with " + std::to_string(p.gate.bits) +
            "-bit experts (built: 8/4 and 4/4)";
   }
@@ -852,78 +659,25 @@ std::string moe_layer_unsupported(const MoeLayerParams& p) {
       p.shared_down.in != p.shared_gate.out) {
     return "expert shapes do not chain (gate/up in = hidden, down in = gate out)";
   }
-  if (static_cast<size_t>(moe_activation_bytes(p)) > kMaxStagedBytes) return "staged activations exceed 40 KB (4 x hidden floats, or k x moe_intermediate + shared floats)";
+  if (moe_layer_shared_bytes(p) > kMaxStagedBytes) return "staged activations exceed 40 KB (4 x hidden floats, or k x moe_intermediate + shared floats)";
   return "";
 }
 
-std::string moe_layer_next_unsupported(const MoeLayerParams& p, const NextProjectionParams& next) {
-  if (next.count < 1 || next.count > kMaxNextTargets) {
-    return std::to_string(next.count) + " targets (takes 1 to " + std::to_string(kMaxNextTargets) + ")";
-  }
-  if (p.hidden % 512 != 0) {
-    return "hidden width " + std::to_string(p.hidden) + " (its rows are staged in 16-byte pieces: needs a multiple of 512)";
-  }
-  for (int t = 0; t < next.count; ++t) {
-    const GemvTarget& g = next.target[t];
-    if (g.w.bits != 4 || g.w.in != p.hidden) {
-      return "target " + std::to_string(t) + " is " + std::to_string(g.w.bits) + "-bit with " +
-             std::to_string(g.w.in) + " inputs (takes Q4 with the hidden width)";
-    }
-    if (g.rows <= 0 || g.row_begin < 0 || g.row_begin + g.rows > g.w.rows()) {
-      return "target " + std::to_string(t) + "'s rows are out of its matrix";
-    }
-  }
-  return "";
+int moe_layer_grid(const MoeLayerParams& p) {
+  void* kernel = moe_layer_kernel_for(p.router.bits, p.gate.bits);
+  if (kernel == nullptr) return 0;
+  int per_sm = 0;
+  LILY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads,
+                                                                moe_layer_shared_bytes(p)));
+  return per_sm * sm_count();
 }
 
-MoeLayerLaunch moe_layer_launch(const MoeLayerParams& p, int64_t next_rows) {
-  if (moe_layer_kernel_for(p.router.bits, p.gate.bits, false) == nullptr) return {};
-  MoeLayerLaunch shape;
-  shape.grid = kBlocksPerSm * sm_count();
-  shape.next_rows_per_block = (next_rows + shape.grid - 1) / shape.grid;
-  const int64_t row_bytes = p.hidden / 2 + 2 * (p.hidden / kGroupSize * 2);
-  shape.shared_bytes = static_cast<size_t>(moe_activation_bytes(p) + shape.next_rows_per_block * row_bytes);
-  int device = 0;
-  int optin = 0;
-  LILY_CUDA_CHECK(cudaGetDevice(&device));
-  LILY_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-  // Every launch of the plan uses this shape, with the next projection or without it (the
-  // last layer), so both variants must take it.
-  for (const bool next : {false, true}) {
-    void* kernel = moe_layer_kernel_for(p.router.bits, p.gate.bits, next);
-    cudaFuncAttributes attributes{};
-    LILY_CUDA_CHECK(cudaFuncGetAttributes(&attributes, kernel));
-    if (attributes.sharedSizeBytes + shape.shared_bytes > static_cast<size_t>(optin)) return {};
-    LILY_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(shape.shared_bytes)));
-    int per_sm = 0;
-    LILY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads,
-                                                                  shape.shared_bytes));
-    // Fewer blocks would change every phase's shape (the kernel is tuned for two a SM); the
-    // caller tries again without the next projection instead.
-    if (per_sm < kBlocksPerSm) return {};
-  }
-  return shape;
-}
-
-void moe_layer(const MoeLayerParams& p, const MoeLayerLaunch& shape, Stream s) {
-  const bool next = p.next.count > 0;
-  if (next && p.next.rows > p.next.rows_per_block * shape.grid) {
-    throw std::invalid_argument("moe_layer: the next projection's " + std::to_string(p.next.rows) +
-                                " rows exceed the launch's " + std::to_string(shape.grid) + " x " +
-                                std::to_string(p.next.rows_per_block));
-  }
-  const auto grid = static_cast<unsigned>(shape.grid);
+void moe_layer(const MoeLayerParams& p, int grid, Stream s) {
+  const size_t bytes = moe_layer_shared_bytes(p);
   if (p.router.bits == 8) {
-    if (next) {
-      launch(moe_layer_kernel<8, 4, true>, grid, kThreads, shape.shared_bytes, s, p);
-    } else {
-      launch(moe_layer_kernel<8, 4, false>, grid, kThreads, shape.shared_bytes, s, p);
-    }
-  } else if (next) {
-    launch(moe_layer_kernel<4, 4, true>, grid, kThreads, shape.shared_bytes, s, p);
+    launch(moe_layer_kernel<8, 4>, static_cast<unsigned>(grid), kThreads, bytes, s, p);
   } else {
-    launch(moe_layer_kernel<4, 4, false>, grid, kThreads, shape.shared_bytes, s, p);
+    launch(moe_layer_kernel<4, 4>, static_cast<unsigned>(grid), kThreads, bytes, s, p);
   }
 }
 
