@@ -574,27 +574,15 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
   }
 }
 
-// Merges the valid splits of each query head, normalises, applies sigmoid(gate). Grid
-// (q_heads, D / kCombineDims), kCombineDims threads, one per dim, and 2 * splits floats of
-// dynamic shared memory. The split weights w = exp(m - max) and the sums l are formed once per
-// block, in parallel, into shared memory; then each thread adds its dim over the splits in
-// split order, as one thread per (head, dim) always did, so the result is the same bit for bit.
-// (The form before, one block per head whose threads each walked every split's weight and
-// partial, ran one load at a time: about 0.4 us per split, 51 us per layer at the 128 splits of
-// 131,072 keys on an H100, as long as the attention it merges.)
-constexpr int kCombineDims = 64;
-constexpr int kCombineBatch = 32;  // partials each thread has in flight
-
+// One block per query head: merges the valid splits, normalises, applies sigmoid(gate).
 template <int D>
-__global__ void __launch_bounds__(kCombineDims)
+__global__ void __launch_bounds__(D)
     decode_combine_kernel(const float* qg, int64_t capacity, int G, int64_t pos_host,
                           const int32_t* pos_device, int splits, const float* part_o,
                           const float* part_ml, float* out) {
-  extern __shared__ float combine_smem[];  // [splits] weights, [splits] sums
-  __shared__ float block_max[kCombineDims / 32];
   grid_dependency_wait();
   const int h = blockIdx.x;
-  const int d = blockIdx.y * kCombineDims + threadIdx.x;
+  const int d = threadIdx.x;
   const int64_t P = read_position(pos_host, pos_device);
   float* o = out + static_cast<int64_t>(h) * D;
   if (P < 0 || P >= capacity) {
@@ -607,43 +595,15 @@ __global__ void __launch_bounds__(kCombineDims)
   const int unit = h / G;
   const int g = h % G;
   auto at = [&](int sp) { return (static_cast<int64_t>(unit) * splits + sp) * G + g; };
-  float* w = combine_smem;
-  float* l = combine_smem + splits;
   float mx = kNegInf;
-  for (int sp = threadIdx.x; sp < valid; sp += kCombineDims) {
-    const float ms = part_ml[at(sp) * 2];
-    w[sp] = ms;
-    l[sp] = part_ml[at(sp) * 2 + 1];
-    mx = fmaxf(mx, ms);
-  }
-  mx = warp_max(mx);
-  if ((threadIdx.x & 31) == 0) block_max[threadIdx.x >> 5] = mx;
-  __syncthreads();
-  mx = block_max[0];
-#pragma unroll
-  for (int i = 1; i < kCombineDims / 32; ++i) mx = fmaxf(mx, block_max[i]);
-  for (int sp = threadIdx.x; sp < valid; sp += kCombineDims) {
-    const float ms = w[sp];
-    w[sp] = ms == kNegInf ? 0.0f : expf(ms - mx);
-  }
-  __syncthreads();
-  // The partials in batches of kCombineBatch loads in flight (loaded before any is added: a
-  // plain loop, even unrolled, was compiled to one load at a time, each waiting for the last).
+  for (int sp = 0; sp < valid; ++sp) mx = fmaxf(mx, part_ml[at(sp) * 2]);
   float total = 0.0f;
   float acc = 0.0f;
-  for (int first = 0; first < valid; first += kCombineBatch) {
-    float o_part[kCombineBatch];
-#pragma unroll
-    for (int i = 0; i < kCombineBatch; ++i) {
-      o_part[i] = first + i < valid ? __ldcg(part_o + at(first + i) * D + d) : 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < kCombineBatch; ++i) {
-      if (first + i < valid) {
-        total += w[first + i] * l[first + i];
-        acc += w[first + i] * o_part[i];
-      }
-    }
+  for (int sp = 0; sp < valid; ++sp) {
+    const float ms = part_ml[at(sp) * 2];
+    const float w = ms == kNegInf ? 0.0f : expf(ms - mx);
+    total += w * part_ml[at(sp) * 2 + 1];
+    acc += w * part_o[at(sp) * D + d];
   }
   const float gate = qg[(static_cast<int64_t>(h) * 2 + 1) * D + d];
   o[d] = acc / total * sigmoidf_(gate);
@@ -707,11 +667,11 @@ constexpr bool kTensorCoreDecode = kIsBf16<KV> && D == kTcD && G == kTcG;
 // as decode_split_kernel: o [kv_heads, splits, 8, 256], ml [kv_heads, splits, 8, 2].
 // One tile's online softmax in a tensor-core decode kernel: s holds this thread's 4 scores of
 // head g (-inf past the end); the tile's max over the head's 4 threads moves m_run, the
-// weights p = exp(s - m) are returned, l_run (this thread's share of the sum) is rescaled to the
-// new max, and the factor by which head g's value sums must be rescaled is returned (1 when its
-// max did not move: after the first tiles, almost always).
-__device__ __forceinline__ float tc_softmax_weights(const float (&s)[4], float& m_run, float& l_run,
-                                                    float (&p)[4]) {
+// weights p = exp(s - m) are returned, l_run (this thread's share of the sum) and the value
+// sums acc are rescaled to the new max (acc only when some head's max moved: after the first
+// tiles, rarely).
+__device__ __forceinline__ void tc_online_softmax(const float (&s)[4], float& m_run, float& l_run,
+                                                  float (&acc)[kTcNTiles][4], float (&p)[4]) {
   float tile_max = fmaxf(fmaxf(s[0], s[1]), fmaxf(s[2], s[3]));
   tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
   tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
@@ -721,14 +681,6 @@ __device__ __forceinline__ float tc_softmax_weights(const float (&s)[4], float& 
   for (int i = 0; i < 4; ++i) p[i] = exp_shifted(s[i], m_new);
   l_run = fmaf(l_run, corr, (p[0] + p[1]) + (p[2] + p[3]));
   m_run = m_new;
-  return corr;
-}
-
-// tc_softmax_weights, and the value sums acc (decode_tc_kernel's layout: head g's rows) rescaled
-// when some head's max moved.
-__device__ __forceinline__ void tc_online_softmax(const float (&s)[4], float& m_run, float& l_run,
-                                                  float (&acc)[kTcNTiles][4], float (&p)[4]) {
-  const float corr = tc_softmax_weights(s, m_run, l_run, p);
   if (__any_sync(0xffffffffu, corr != 1.0f)) {
 #pragma unroll
     for (int n = 0; n < kTcNTiles; ++n) {
@@ -943,53 +895,33 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 
 // ============================== decode on tensor cores, int8 cache =========================
 // The model's shape (head_dim 256, 8 query heads per KV head) over an int8 cache, grid
-// (kv_heads, splits), kT8Threads threads, kT8MinBlocks blocks an SM. The cache rows are int8
-// codes with an f32 scale per (token, kv head) row; the new row P is quantised by the block whose
-// split holds it (quantize_row_warp, as store_int8_rows_kernel writes the prefill's rows).
+// (kv_heads, splits), kT8Threads threads, 2 blocks an SM. The cache rows are int8 codes with an
+// f32 scale per (token, kv head) row; the new row P is quantised by the block whose split holds
+// it (quantize_row_warp, as store_int8_rows_kernel writes the prefill's rows).
 //   S = Q K^T on mma.sync m16n8k32 s8 x s8 -> s32, exact: the 16 rows are the 8 heads' query
 //   codes in two planes, q = s_q (hi + lo / 256) with s_q = max |q| / 127 of the head (the
 //   planes keep about 15 bits of q where bf16 hi + lo keeps 16); N = 8 keys per n-tile, K = 256
 //   dims in 8 k-steps of 32, the dims permuted as in decode_tc_kernel so that thread (g, t)
 //   reads 8 bytes of a key row per k-step (dims 32p + 8t .. +7: k = 4t.. in b0, 16 + 4t.. in
-//   b1). A score is s_q s_k (hi + lo / 256) / sqrt(256). The even and odd k-steps go to two
-//   integer accumulators (two dependent chains of 4 MMAs instead of one of 8; exact either way).
-//   O^T += V^T P^T on m16n8k16 f16 -> f32, transposed against decode_tc_kernel: M = 16 dims per
-//   m-tile (16 m-tiles), N = the 8 heads, K = the tile's 16 keys. The weights (each times its
-//   row's scale over the split's largest, S, so at most 1) are split into f16 hi + lo, and each
-//   m-tile takes two MMAs, hi and lo, into the same f32 accumulator: the MMA count of the
-//   untransposed form (whose 16 rows were the 8 heads' hi and lo terms), half its accumulators
-//   (64 registers a thread instead of 128), which is what lets 3 blocks share an SM instead of
-//   2. The value codes are exact f16 (two byte permutes and an f16 subtraction per pair of
-//   keys); the merged sums are multiplied back by S.
-// Fragments of O^T (thread (g, t)): the value pairs it forms for dims 64q + 8g + i (i < 8) of
-// keys 2t, 2t+1 and 8+2t, 9+2t are exactly the A fragments of m-tiles 4q + j (j < 4), rows g and
-// g + 8 being dims 64q + 8g + 2j and + 1; its score fragment (head g, keys 2t, 2t+1, 8+2t, 9+2t)
-// is exactly its B fragment (k = keys, column g = head g); its accumulators are heads 2t, 2t+1.
-// Each warp streams its own tiles of 16 keys (codes and both scales) through a 2-stage cp.async
-// ring, as decode_tc_kernel, into unpadded 256-byte rows whose 16-byte pieces are permuted by
-// row (t8_key_piece, t8_value_piece) so that the fragment reads of a half warp hit distinct
-// banks; the first tiles are requested before the dependency wait (the cache rows before P were
-// written steps ago), so the prologue (the query planes, the value-scale pass) runs under them.
+//   b1). A score is s_q s_k (hi + lo / 256) / sqrt(256).
+//   O += P V on m16n8k16 f16 -> f32, in units of the split's largest value-row scale S: each
+//   weight times its row's scale over S (at most 1) split into f16 hi | lo, the value codes
+//   exactly as f16 (two byte permutes and an f16 subtraction per pair of keys, against four
+//   int -> f32 conversions and a pack for bf16); the merged sums are multiplied back by S.
+// Each warp streams its own tiles of 16 keys (codes and both scales) through a 2-stage
+// cp.async ring, as decode_tc_kernel.
 constexpr int kT8Threads = kTcWarps * 32;
-constexpr int kT8MinBlocks = 3;                 // blocks an SM: <= 168 registers a thread
-constexpr int kT8Row = kTcD;                    // bytes per staged key or value row
+constexpr int kT8KStride = kTcD + 32;  // bytes per staged key row: 8-byte fragment reads of a
+                                       // half warp (rows g, offsets 8t) hit distinct banks
+constexpr int kT8VStride = kTcD + 16;  // bytes per staged value row (rows 2t.., offsets 8g)
 constexpr int kT8ScaleBytes = 2 * kTcKeys * 4;  // the tile's 16 key and 16 value scales
-constexpr int kT8StageBytes = 2 * kTcKeys * kT8Row + kT8ScaleBytes;
+constexpr int kT8StageBytes = kTcKeys * (kT8KStride + kT8VStride) + kT8ScaleBytes;
 constexpr int kT8KSteps = kTcD / 32;
 constexpr int kT8QBytes = kT8KSteps * 32 * 16;  // query planes: [k-step][lane] uint4
-constexpr int kT8MTiles = kTcD / 16;            // m-tiles of O^T
-constexpr int kT8MergeStride = kTcD + 1;        // floats per head in a warp's merge buffer
 constexpr size_t kT8SmemBytes = static_cast<size_t>(kTcWarps) * kTcStages * kT8StageBytes + kT8QBytes;
-static_assert(static_cast<size_t>(kTcWarps) * kTcG * kT8MergeStride * sizeof(float) <=
+static_assert(static_cast<size_t>(kTcG) * kTcD * sizeof(float) <=
                   static_cast<size_t>(kTcWarps) * kTcStages * kT8StageBytes,
               "the block merge reuses the staging buffers");
-
-// Where 16-byte piece `piece` (0..15) of staged row r lies in the row. Key reads: a half warp
-// reads rows g = 0..3 (or 4..7, 8..11, 12..15) at pieces 2p, 2p + 1; value reads: rows 2t (or
-// 2t + 1, 8 + 2t, 9 + 2t) for t = 0..3 at pieces 4q, 4q + 1. XOR-ing the piece with twice the
-// row's index among those four spreads the half warp's eight pieces over the 32 banks.
-__device__ __forceinline__ int t8_key_piece(int r, int piece) { return piece ^ ((r & 3) << 1); }
-__device__ __forceinline__ int t8_value_piece(int r, int piece) { return piece ^ (((r >> 1) & 3) << 1); }
 
 // Four int8 values (element 0 in the low byte) packed into a word.
 __device__ __forceinline__ uint32_t pack_s8x4(int a, int b, int c, int d) {
@@ -1015,75 +947,7 @@ __device__ __forceinline__ void value_pairs_f16(uint32_t ua, uint32_t ub, uint32
   for (int i = 0; i < 4; ++i) asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(out[i]) : "r"(w[i]), "r"(0x64806480u));
 }
 
-// The end of an int8 decode block: head g's running sum over its 4 threads; each warp's value
-// sums, rescaled to the block's max per head and multiplied by `unit` (the value-scale unit),
-// into its own buffer [8 heads][kT8MergeStride] in `merge` (the staging memory, free once every
-// warp is past its ring); then added warp by warp in a fixed order, ((w0 + w1) + w2) + w3, into
-// the split's partials o [kv_heads, splits, 8, 256], ml [kv_heads, splits, 8, 2], as
-// tc_merge_store does for decode_tc_kernel's layout.
-__device__ __forceinline__ void t8_merge_store(const float (&acc)[kT8MTiles][4], float m_run,
-                                               float l_run, float unit,
-                                               float (&s_m)[kTcWarps][kTcG],
-                                               float (&s_l)[kTcWarps][kTcG], unsigned char* merge,
-                                               int kvh, int split, int splits, float* part_o,
-                                               float* part_ml) {
-  const int warp = threadIdx.x >> 5;
-  const int lane = threadIdx.x & 31;
-  const int g = lane >> 2;
-  const int t = lane & 3;
-  float l_head = l_run + __shfl_xor_sync(0xffffffffu, l_run, 1);
-  l_head += __shfl_xor_sync(0xffffffffu, l_head, 2);
-  if (t == 0) {
-    s_m[warp][g] = m_run;
-    s_l[warp][g] = l_head;
-  }
-  __syncthreads();  // also: every warp is done with its ring, which now holds the merge
-  float f[2];       // heads 2t, 2t + 1
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const int h = 2 * t + e;
-    float mx = kNegInf;
-    for (int w = 0; w < kTcWarps; ++w) mx = fmaxf(mx, s_m[w][h]);
-    const float mh = s_m[warp][h];
-    f[e] = mh == kNegInf ? 0.0f : expf(mh - mx) * unit;
-  }
-  float* mine = reinterpret_cast<float*>(merge) + warp * kTcG * kT8MergeStride;
-#pragma unroll
-  for (int q = 0; q < 4; ++q) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const float* c = acc[4 * q + j];
-      const int d = 64 * q + 8 * g + 2 * j;  // row g; row g + 8 is d + 1
-      mine[(2 * t) * kT8MergeStride + d] = c[0] * f[0];
-      mine[(2 * t + 1) * kT8MergeStride + d] = c[1] * f[1];
-      mine[(2 * t) * kT8MergeStride + d + 1] = c[2] * f[0];
-      mine[(2 * t + 1) * kT8MergeStride + d + 1] = c[3] * f[1];
-    }
-  }
-  __syncthreads();
-  const float* all = reinterpret_cast<const float*>(merge);
-  const int64_t base = (static_cast<int64_t>(kvh) * splits + split) * kTcG;
-  for (int i = threadIdx.x; i < kTcG * kTcD; i += kT8Threads) {
-    const int at = (i / kTcD) * kT8MergeStride + i % kTcD;
-    float o = all[at];
-    for (int w = 1; w < kTcWarps; ++w) o += all[w * kTcG * kT8MergeStride + at];
-    part_o[base * kTcD + i] = o;
-  }
-  if (threadIdx.x < kTcG) {
-    const int h = threadIdx.x;
-    float m = kNegInf;
-    for (int w = 0; w < kTcWarps; ++w) m = fmaxf(m, s_m[w][h]);
-    float sum = 0.0f;
-    for (int w = 0; w < kTcWarps; ++w) {
-      const float mw = s_m[w][h];
-      sum += mw == kNegInf ? 0.0f : s_l[w][h] * expf(mw - m);
-    }
-    part_ml[(base + h) * 2 + 0] = m;
-    part_ml[(base + h) * 2 + 1] = sum;
-  }
-}
-
-__global__ void __launch_bounds__(kT8Threads, kT8MinBlocks)
+__global__ void __launch_bounds__(kT8Threads, 2)
     decode_tc_int8_kernel(const float* qg, const float* k, const float* v, int8_t* k_cache,
                           int8_t* v_cache, float* k_scales, float* v_scales, int64_t capacity,
                           int kv_heads, int64_t pos_host, const int32_t* pos_device, int splits,
@@ -1093,14 +957,10 @@ __global__ void __launch_bounds__(kT8Threads, kT8MinBlocks)
   __shared__ float s_l[kTcWarps][kTcG];
   __shared__ float s_q[kTcG];         // each head's query scale
   __shared__ float s_vmax[kTcWarps];  // the warps' largest value-row scales
-  // The position was written two or more launches ago (read_position), so the split is known
-  // before the dependency wait.
+  grid_dependency_wait();
   DecodeSplit range;
   const int split = blockIdx.y;
-  if (!decode_split_range(pos_host, pos_device, capacity, split, splits, range)) {
-    grid_dependency_wait();
-    return;
-  }
+  if (!decode_split_range(pos_host, pos_device, capacity, split, splits, range)) return;
   const int64_t P = range.P, begin = range.begin, end = range.end;
   const int kvh = blockIdx.x;
   const int64_t row = static_cast<int64_t>(kv_heads) * kTcD;  // cache bytes per position
@@ -1109,53 +969,8 @@ __global__ void __launch_bounds__(kT8Threads, kT8MinBlocks)
   const int g = lane >> 2;
   const int t = lane & 3;
 
-  const int64_t tiles = (end - begin + kTcKeys - 1) / kTcKeys;
-  unsigned char* ring = tc_smem + warp * kTcStages * kT8StageBytes;
-  const int8_t* k_head = k_cache + kvh * kTcD;
-  const int8_t* v_head = v_cache + kvh * kTcD;
-  // The tile's 16 key and 16 value rows (16 pieces of 16 bytes each: two rows per warp
-  // instruction) and their scales (lanes 0-15 the keys', 16-31 the values'); rows at or past
-  // `end` zero-filled without a read.
-  auto stage = [&](int64_t tile, int buffer) {
-    unsigned char* kb = ring + buffer * kT8StageBytes;
-    unsigned char* vb = kb + kTcKeys * kT8Row;
-    unsigned char* sb = vb + kTcKeys * kT8Row;
-    const int64_t first = begin + tile * kTcKeys;
-    const int half = lane >> 4;
-    const int piece = lane & 15;
-#pragma unroll 4
-    for (int r2 = 0; r2 < kTcKeys; r2 += 2) {
-      const int r = r2 + half;
-      const int64_t j = first + r;
-      const bool live = j < end;
-      const int64_t at = (live ? j : begin) * row + piece * 16;
-      ptx::cp_async16(ptx::smem_u32(kb + r * kT8Row + 16 * t8_key_piece(r, piece)), k_head + at,
-                      live ? 16 : 0);
-      ptx::cp_async16(ptx::smem_u32(vb + r * kT8Row + 16 * t8_value_piece(r, piece)), v_head + at,
-                      live ? 16 : 0);
-    }
-    const int64_t j = first + piece;
-    const bool live = j < end;
-    const float* src = (half == 0 ? k_scales : v_scales) + (live ? j : begin) * kv_heads + kvh;
-    ptx::cp_async4(ptx::smem_u32(sb + lane * 4), src, live ? 4 : 0);
-  };
-  // Stages whose rows all precede P go out now; row P (and its scales) is written below, after
-  // the wait, and the stages that hold it go out after that. The early ones are a prefix of
-  // the stages, so the groups are committed in ring order either way.
-  int early = 0;
-#pragma unroll
-  for (int st = 0; st < kTcStages; ++st) {
-    const int64_t tile = warp + static_cast<int64_t>(st) * kTcWarps;
-    if (tile < tiles && begin + (tile + 1) * kTcKeys <= P && early == st) {
-      stage(tile, st);
-      ptx::cp_async_commit();
-      early = st + 1;
-    }
-  }
-  grid_dependency_wait();
-
   // Row P: the block whose range holds it quantises it into the cache (warp 0 the key, warp 1
-  // the value) before it is staged, so no block reads a row another block writes.
+  // the value) before anything is staged, so no block reads a row another block writes.
   if (begin <= P && P < end && warp < 2) {
     const float* src = (warp == 0 ? k : v) + kvh * kTcD + lane * 8;
     const float4 a = *reinterpret_cast<const float4*>(src);
@@ -1166,13 +981,6 @@ __global__ void __launch_bounds__(kT8Threads, kT8MinBlocks)
     __threadfence_block();
   }
   __syncthreads();
-#pragma unroll
-  for (int st = 0; st < kTcStages; ++st) {
-    if (st < early) continue;
-    const int64_t tile = warp + static_cast<int64_t>(st) * kTcWarps;
-    if (tile < tiles) stage(tile, st);
-    ptx::cp_async_commit();  // empty groups too: the wait below counts groups
-  }
 
   // Each head's max |q| (warp w: heads 2w, 2w + 1), and the largest value-row scale of the
   // split: the value sum runs in units of it, so that each weight times its row's scale is at
@@ -1219,40 +1027,71 @@ __global__ void __launch_bounds__(kT8Threads, kT8MinBlocks)
   const float vmax = fmaxf(fmaxf(s_vmax[0], s_vmax[1]), fmaxf(s_vmax[2], s_vmax[3]));
   const float inv_vmax = vmax > 0.0f ? 1.0f / vmax : 0.0f;
 
-  float m_run = kNegInf;  // head g's running max (equal on its 4 threads)
-  float l_run = 0.0f;     // this thread's share of head g's running sum (its 4 keys a tile)
-  float acc[kT8MTiles][4];  // O^T: m-tile 4q + j, rows dims 64q + 8g + 2j (+1), columns heads 2t, 2t+1
+  const int64_t tiles = (end - begin + kTcKeys - 1) / kTcKeys;
+  unsigned char* ring = tc_smem + warp * kTcStages * kT8StageBytes;
+  const int8_t* k_head = k_cache + kvh * kTcD;
+  const int8_t* v_head = v_cache + kvh * kTcD;
+  // The tile's 16 key and 16 value rows (16 pieces of 16 bytes each: two rows per warp
+  // instruction) and their scales (lanes 0-15 the keys', 16-31 the values'); rows at or past
+  // `end` zero-filled without a read.
+  auto stage = [&](int64_t tile, int buffer) {
+    unsigned char* kb = ring + buffer * kT8StageBytes;
+    unsigned char* vb = kb + kTcKeys * kT8KStride;
+    unsigned char* sb = vb + kTcKeys * kT8VStride;
+    const int64_t first = begin + tile * kTcKeys;
+    const int half = lane >> 4;
+    const int piece = lane & 15;
+#pragma unroll 4
+    for (int r2 = 0; r2 < kTcKeys; r2 += 2) {
+      const int r = r2 + half;
+      const int64_t j = first + r;
+      const bool live = j < end;
+      const int64_t at = (live ? j : begin) * row + piece * 16;
+      ptx::cp_async16(ptx::smem_u32(kb + r * kT8KStride + piece * 16), k_head + at, live ? 16 : 0);
+      ptx::cp_async16(ptx::smem_u32(vb + r * kT8VStride + piece * 16), v_head + at, live ? 16 : 0);
+    }
+    const int64_t j = first + piece;
+    const bool live = j < end;
+    const float* src = (half == 0 ? k_scales : v_scales) + (live ? j : begin) * kv_heads + kvh;
+    ptx::cp_async4(ptx::smem_u32(sb + lane * 4), src, live ? 4 : 0);
+  };
 #pragma unroll
-  for (int n = 0; n < kT8MTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
+  for (int st = 0; st < kTcStages; ++st) {
+    const int64_t tile = warp + static_cast<int64_t>(st) * kTcWarps;
+    if (tile < tiles) stage(tile, st);
+    ptx::cp_async_commit();
+  }
+
+  float m_run = kNegInf;
+  float l_run = 0.0f;
+  float acc[kTcNTiles][4];
+#pragma unroll
+  for (int n = 0; n < kTcNTiles; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.0f;
 
   int buffer = 0;
   for (int64_t tile = warp; tile < tiles; tile += kTcWarps) {
     ptx::cp_async_wait<kTcStages - 1>();
     __syncwarp();
     const unsigned char* kb = ring + buffer * kT8StageBytes;
-    const unsigned char* vb = kb + kTcKeys * kT8Row;
-    const float* sk = reinterpret_cast<const float*>(vb + kTcKeys * kT8Row);
+    const unsigned char* vb = kb + kTcKeys * kT8KStride;
+    const float* sk = reinterpret_cast<const float*>(vb + kTcKeys * kT8VStride);
     const float* sv = sk + kTcKeys;
 
-    // S = Q K^T in integers: n-tile 0 keys 0-7 (this thread loads key g), n-tile 1 keys 8-15;
-    // even and odd k-steps in separate accumulators.
-    int sc[2][2][4] = {};
+    // S = Q K^T in integers: n-tile 0 keys 0-7 (this thread loads key g), n-tile 1 keys 8-15.
+    int sc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
 #pragma unroll
     for (int p = 0; p < kT8KSteps; ++p) {
-      const int at = 16 * t8_key_piece(g, 2 * p + (t >> 1)) + 8 * (t & 1);  // rows g and g + 8 alike
-      const uint2 k0 = *reinterpret_cast<const uint2*>(kb + g * kT8Row + at);
-      const uint2 k1 = *reinterpret_cast<const uint2*>(kb + (g + 8) * kT8Row + at);
+      const uint2 k0 = *reinterpret_cast<const uint2*>(kb + g * kT8KStride + 32 * p + 8 * t);
+      const uint2 k1 = *reinterpret_cast<const uint2*>(kb + (g + 8) * kT8KStride + 32 * p + 8 * t);
       const uint4 qa = q_frag[p * 32 + lane];
       const uint32_t a[4] = {qa.x, qa.y, qa.z, qa.w};
-      ptx::mma_s8(sc[0][p & 1], a, k0.x, k0.y);
-      ptx::mma_s8(sc[1][p & 1], a, k1.x, k1.y);
+      ptx::mma_s8(sc[0], a, k0.x, k0.y);
+      ptx::mma_s8(sc[1], a, k1.x, k1.y);
     }
     const int64_t first = begin + tile * kTcKeys;
     const int key_of[4] = {2 * t, 2 * t + 1, 8 + 2 * t, 9 + 2 * t};
-    const int hi_of[4] = {sc[0][0][0] + sc[0][1][0], sc[0][0][1] + sc[0][1][1],
-                          sc[1][0][0] + sc[1][1][0], sc[1][0][1] + sc[1][1][1]};
-    const int lo_of[4] = {sc[0][0][2] + sc[0][1][2], sc[0][0][3] + sc[0][1][3],
-                          sc[1][0][2] + sc[1][1][2], sc[1][0][3] + sc[1][1][3]};
+    const int hi_of[4] = {sc[0][0], sc[0][1], sc[1][0], sc[1][1]};
+    const int lo_of[4] = {sc[0][2], sc[0][3], sc[1][2], sc[1][3]};
     float s[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -1260,54 +1099,36 @@ __global__ void __launch_bounds__(kT8Threads, kT8MinBlocks)
       s[i] = first + key_of[i] < end ? dot * (sq_g * sk[key_of[i]]) : kNegInf;
     }
     float p[4];
-    const float corr = tc_softmax_weights(s, m_run, l_run, p);
-    if (__any_sync(0xffffffffu, corr != 1.0f)) {
-      // This thread's accumulator columns are heads 2t and 2t + 1, whose factors live on the
-      // threads of g = 2t and 2t + 1.
-      const float c_even = __shfl_sync(0xffffffffu, corr, 8 * t);
-      const float c_odd = __shfl_sync(0xffffffffu, corr, 8 * t + 4);
-#pragma unroll
-      for (int n = 0; n < kT8MTiles; ++n) {
-        acc[n][0] *= c_even;
-        acc[n][1] *= c_odd;
-        acc[n][2] *= c_even;
-        acc[n][3] *= c_odd;
-      }
-    }
+    tc_online_softmax(s, m_run, l_run, acc, p);
     // The weights times their value rows' scales over the split's largest (<= 1; 0 for rows
-    // past the end), as f16 hi + lo: the B fragments (keys 2t, 2t+1 | 8+2t, 9+2t of head g).
+    // past the end), as f16 hi | lo.
     float pv[4], ph[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       pv[i] = first + key_of[i] < end ? p[i] * (sv[key_of[i]] * inv_vmax) : 0.0f;
       ph[i] = __half2float(__float2half_rn(pv[i]));
     }
-    const uint32_t b_hi0 = pack_f16(ph[0], ph[1]), b_hi1 = pack_f16(ph[2], ph[3]);
-    const uint32_t b_lo0 = pack_f16(pv[0] - ph[0], pv[1] - ph[1]);
-    const uint32_t b_lo1 = pack_f16(pv[2] - ph[2], pv[3] - ph[3]);
-    // O^T += V^T P^T: this thread's value pairs are dims 64q + 8g + i of keys 2t, 2t+1 (pair0)
-    // and 8+2t, 9+2t (pair1), the codes exactly as f16.
+    const uint32_t pa[4] = {pack_f16(ph[0], ph[1]), pack_f16(pv[0] - ph[0], pv[1] - ph[1]),
+                            pack_f16(ph[2], ph[3]), pack_f16(pv[2] - ph[2], pv[3] - ph[3])};
+    // O += P V: this thread's B columns are dims 64q + 8g + i of keys 2t, 2t+1, 8+2t, 9+2t,
+    // the codes exactly as f16.
 #pragma unroll
     for (int q = 0; q < 4; ++q) {
+      const int col = 64 * q + 8 * g;
       uint2 w[4];
 #pragma unroll
       for (int r = 0; r < 4; ++r) {
-        const int at = 16 * t8_value_piece(key_of[r], 4 * q + (g >> 1)) + 8 * (g & 1);
-        w[r] = *reinterpret_cast<const uint2*>(vb + key_of[r] * kT8Row + at);
+        w[r] = *reinterpret_cast<const uint2*>(vb + key_of[r] * kT8VStride + col);
         w[r].x ^= 0x80808080u;
         w[r].y ^= 0x80808080u;
       }
-      uint32_t pair0[8], pair1[8];  // dim i: keys 2t, 2t+1 | keys 8+2t, 9+2t
-      value_pairs_f16(w[0].x, w[1].x, *reinterpret_cast<uint32_t(*)[4]>(&pair0[0]));
-      value_pairs_f16(w[0].y, w[1].y, *reinterpret_cast<uint32_t(*)[4]>(&pair0[4]));
-      value_pairs_f16(w[2].x, w[3].x, *reinterpret_cast<uint32_t(*)[4]>(&pair1[0]));
-      value_pairs_f16(w[2].y, w[3].y, *reinterpret_cast<uint32_t(*)[4]>(&pair1[4]));
+      uint32_t b0[8], b1[8];  // dim i: keys 2t, 2t+1 | keys 8+2t, 9+2t
+      value_pairs_f16(w[0].x, w[1].x, *reinterpret_cast<uint32_t(*)[4]>(&b0[0]));
+      value_pairs_f16(w[0].y, w[1].y, *reinterpret_cast<uint32_t(*)[4]>(&b0[4]));
+      value_pairs_f16(w[2].x, w[3].x, *reinterpret_cast<uint32_t(*)[4]>(&b1[0]));
+      value_pairs_f16(w[2].y, w[3].y, *reinterpret_cast<uint32_t(*)[4]>(&b1[4]));
 #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const uint32_t a[4] = {pair0[2 * j], pair0[2 * j + 1], pair1[2 * j], pair1[2 * j + 1]};
-        ptx::mma_f16(acc[4 * q + j], a, b_hi0, b_hi1);
-        ptx::mma_f16(acc[4 * q + j], a, b_lo0, b_lo1);
-      }
+      for (int i = 0; i < 8; ++i) ptx::mma_f16(acc[8 * q + i], pa, b0[i], b1[i]);
     }
     __syncwarp();
     const int64_t next = tile + static_cast<int64_t>(kTcStages) * kTcWarps;
@@ -1317,7 +1138,7 @@ __global__ void __launch_bounds__(kT8Threads, kT8MinBlocks)
   }
   ptx::cp_async_wait_all();
 
-  t8_merge_store(acc, m_run, l_run, vmax, s_m, s_l, tc_smem, kvh, split, splits, part_o, part_ml);  // back from vmax's units
+  tc_merge_store(acc, m_run, l_run, vmax, s_m, s_l, tc_smem, kvh, split, splits, part_o, part_ml);  // back from vmax's units
 }
 
 // ============================== prefill (n > 1) =========================================
@@ -1632,36 +1453,10 @@ void launch_decode_split(const float* qg, const float* k, const float* v, const 
 
 // The tensor-core kernel's split count: one block per SM at most (it takes an SM's shared
 // memory), and no more than the CUDA-core kernel would use.
-int decode_tc_splits(int64_t capacity, int kv_heads) {
-  const int per_sm = sm_count() / (kv_heads > 0 ? kv_heads : 1);
+int decode_tc_splits(int64_t capacity, int kv_heads, int blocks_per_sm = 1) {
+  const int per_sm = blocks_per_sm * sm_count() / (kv_heads > 0 ? kv_heads : 1);
   const int splits = decode_splits(capacity);
   return splits < per_sm ? splits : (per_sm > 0 ? per_sm : 1);
-}
-
-// The int8 tensor-core kernel's blocks an SM (kT8MinBlocks where the shared memory allows it:
-// 3 on sm_90, 2 on sm_80, 1 on the 99 KB devices), with its shared-memory attribute set.
-int decode_tc_int8_blocks_per_sm() {
-  static const int blocks = [] {
-    LILY_CUDA_CHECK(cudaFuncSetAttribute(decode_tc_int8_kernel,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(kT8SmemBytes)));
-    int per_sm = 0;
-    LILY_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_tc_int8_kernel,
-                                                                  kT8Threads, kT8SmemBytes));
-    return per_sm > 0 ? per_sm : 1;
-  }();
-  return blocks;
-}
-
-// Its split count: every block it can keep on the GPU at once (not capped at kDecodeMaxSplits:
-// its blocks are few warps each, and the combine takes any count), a split at least
-// kDecodeMinKeys keys of the capacity.
-int decode_tc_int8_splits(int64_t capacity, int kv_heads) {
-  const int64_t per_sm =
-      static_cast<int64_t>(decode_tc_int8_blocks_per_sm()) * sm_count() / (kv_heads > 0 ? kv_heads : 1);
-  const int64_t wanted = (capacity + kDecodeMinKeys - 1) / kDecodeMinKeys;
-  const int64_t splits = wanted < per_sm ? wanted : per_sm;
-  return static_cast<int>(splits > 0 ? splits : 1);
 }
 
 template <int D, typename KV>
@@ -1678,7 +1473,7 @@ AttentionPath launch_decode(const float* qg, const float* k, const float* v, con
   const bool int8_tensor_cores = kInt8Tc && int8_row_in_decode_kernel(D, a);
   const bool tensor_cores =
       int8_tensor_cores || (G == kTcG && kTensorCoreDecode<D, kTcG, KV> && tensor_core_decode_attention_fits());
-  const int splits = int8_tensor_cores ? decode_tc_int8_splits(capacity, a.kv_heads)
+  const int splits = int8_tensor_cores ? decode_tc_splits(capacity, a.kv_heads, 2)
                      : tensor_cores    ? decode_tc_splits(capacity, a.kv_heads)
                                        : decode_splits(capacity);
   const size_t o_floats = static_cast<size_t>(a.q_heads) * splits * D;
@@ -1702,7 +1497,13 @@ AttentionPath launch_decode(const float* qg, const float* k, const float* v, con
   }
   if constexpr (kInt8Tc) {
     if (int8_tensor_cores) {
-      decode_tc_int8_blocks_per_sm();  // sets the shared-memory attribute once
+      static bool configured = false;  // one attribute set (host-side, no sync)
+      if (!configured) {
+        LILY_CUDA_CHECK(cudaFuncSetAttribute(decode_tc_int8_kernel,
+                                             cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             static_cast<int>(kT8SmemBytes)));
+        configured = true;
+      }
       launch(decode_tc_int8_kernel, dim3(static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(splits)),
              kT8Threads, kT8SmemBytes, s, qg, k, v, k_cache, v_cache, c.key_scales, c.value_scales,
              capacity, a.kv_heads, pos_host, pos_device, splits, scale, part_o, part_ml);
@@ -1728,9 +1529,7 @@ AttentionPath launch_decode(const float* qg, const float* k, const float* v, con
         break;
     }
   }
-  static_assert(D % kCombineDims == 0, "whole blocks of dims");
-  launch(decode_combine_kernel<D>, dim3(static_cast<unsigned>(a.q_heads), D / kCombineDims),
-         kCombineDims, 2 * static_cast<size_t>(splits) * sizeof(float), s, qg, capacity, G,
+  launch(decode_combine_kernel<D>, static_cast<unsigned>(a.q_heads), D, 0, s, qg, capacity, G,
          pos_host, pos_device, splits, part_o, part_ml, out);
   if (int8_tensor_cores) return AttentionPath::decode_int8_tensor_cores;
   return tensor_cores ? AttentionPath::decode_tensor_cores : AttentionPath::decode_cuda_cores;
@@ -1832,7 +1631,7 @@ bool tensor_core_decode_attention_fits() {
 }
 
 bool int8_tensor_core_decode_attention_fits() {
-  // About 70 KB: every supported device (sm_80 and newer, 99 KB and up).
+  // About 77 KB: every supported device (sm_80 and newer, 99 KB and up).
   static const bool fits = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin) >=
                            static_cast<int>(kT8SmemBytes + 1024);
   return fits;
