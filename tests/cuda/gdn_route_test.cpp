@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <utility>
 #include <vector>
@@ -548,6 +549,92 @@ TEST(CudaGdnRoute, DecodeStepCapturedInAGraphReplaysLikeEagerSteps) {
   EXPECT_EQ(to_host(*be, graph.weights, 8), to_host(*be, eager.weights, 8));
   // And the state did move: three steps from state0.
   EXPECT_NE(to_host(*be, eager.state, state_count), state0);
+}
+
+// ---- launch order -------------------------------------------------------------------------------
+
+// The conv, the one-token delta rule and the fused mixer read their window or state before their
+// dependency wait (programmatic dependent launch), so the backend refuses to launch one right
+// after the launch that wrote that buffer (cuda::LaunchOrder): with std::logic_error, before
+// anything is launched, and accepts it once another op or a copy is in between. The model never
+// issues such a pair; a refused pair that ran would read a state still being written.
+TEST(CudaLaunchOrder, RefusesAReadBeforeTheWaitRightAfterTheWrite) {
+  LILY_CUDA_BACKEND_OR_SKIP(be);
+  Rng rng(193);
+  const GatedDeltaNetDims d = model_dims();
+  const auto C = static_cast<size_t>(d.channels());
+  const auto Hv = static_cast<size_t>(d.value_heads);
+  const auto Dv = static_cast<size_t>(d.value_dim);
+  const auto K = static_cast<size_t>(d.conv_kernel);
+  const size_t state_count = Hv * static_cast<size_t>(d.key_dim) * Dv;
+  const DenseTensor conv(DType::BF16, {C, K, 1}, rng.uniform_vector(C * K, -0.6f, 0.6f), "conv1d");
+  const DenseTensor a_log(DType::F32, {Hv}, rng.uniform_vector(Hv, 0.0f, 2.7f), "A_log");
+  const DenseTensor dt_bias(DType::BF16, {Hv}, rng.uniform_vector(Hv, -1.0f, 1.0f), "dt_bias");
+  const DenseTensor norm(DType::BF16, {Dv}, rng.uniform_vector(Dv, 0.5f, 1.5f), "norm");
+  const QuantWeight out_proj(rng, 4, 1, 2048, Hv * Dv, 0, "out_proj");
+  GatedDeltaNetWeights w;
+  w.conv1d = conv.view();
+  w.a_log = a_log.view();
+  w.dt_bias = dt_bias.view();
+  w.norm = norm.view();
+  w.out_proj = out_proj.view();
+  const std::vector<float> window0 = rng.uniform_vector((K - 1) * C, -2.0f, 2.0f);
+  const std::vector<float> state0 = rng.uniform_vector(state_count, -0.5f, 0.5f);
+  float* mixed = to_device(*be, rng.uniform_vector(C, -2.0f, 2.0f));
+  float* z = to_device(*be, rng.uniform_vector(Hv * Dv, -3.0f, 3.0f));
+  float* a = to_device(*be, rng.uniform_vector(Hv, -3.0f, 3.0f));
+  float* b = to_device(*be, rng.uniform_vector(Hv, -4.0f, 4.0f));
+  float* logits = to_device(*be, rng.uniform_vector(256, -4.0f, 4.0f));
+  int32_t* ids = be->alloc_i32(8);
+  float* weights = be->alloc(8);
+  float* window = to_device(*be, window0);
+  float* state = to_device(*be, state0);
+  float* conv_out = be->alloc(C);
+  float* core_out = be->alloc(Hv * Dv);
+  float* normed = be->alloc(Hv * Dv);
+  float* y = be->alloc(2048);
+  // The same steps on a second window and state that no refused call touched.
+  float* window_ref = to_device(*be, window0);
+  float* state_ref = to_device(*be, state0);
+
+  // conv1d_silu right after conv1d_silu on the same window.
+  be->conv1d_silu(mixed, window, w.conv1d, d, 1, conv_out);
+  EXPECT_THROW(be->conv1d_silu(mixed, window, w.conv1d, d, 1, conv_out), std::logic_error);
+  be->conv1d_silu(mixed, window_ref, w.conv1d, d, 1, conv_out);
+  EXPECT_EQ(to_host(*be, window, window0.size()), to_host(*be, window_ref, window0.size()))
+      << "the refused conv shifted the window";
+  // After a copy (to_host above), the same conv is accepted.
+  EXPECT_NO_THROW(be->conv1d_silu(mixed, window, w.conv1d, d, 1, conv_out));
+  be->conv1d_silu(mixed, window_ref, w.conv1d, d, 1, conv_out);
+
+  // The one-token delta rule right after one on the same state; accepted with a routing between.
+  be->gated_delta_rule(conv_out, a, b, w.a_log, w.dt_bias, state, d, 1, core_out);
+  EXPECT_THROW(be->gated_delta_rule(conv_out, a, b, w.a_log, w.dt_bias, state, d, 1, core_out),
+               std::logic_error);
+  be->moe_route(logits, 1, 256, 8, ids, weights);
+  EXPECT_NO_THROW(be->gated_delta_rule(conv_out, a, b, w.a_log, w.dt_bias, state, d, 1, core_out));
+  for (int i = 0; i < 2; ++i) {
+    be->gated_delta_rule(conv_out, a, b, w.a_log, w.dt_bias, state_ref, d, 1, core_out);
+    be->moe_route(logits, 1, 256, 8, ids, weights);
+  }
+  EXPECT_EQ(to_host(*be, state, state_count), to_host(*be, state_ref, state_count))
+      << "the refused delta rule moved the state";
+
+  // The fused mixer's output projection shifts the window: a conv right after it is refused,
+  // and so is a second mixer (its delta step reads the window before the wait).
+  const uint64_t fused_before = path_counts(*be).fused_conv_delta;
+  be->gated_delta_net_mixer(w, d, 1e-6f, mixed, z, a, b, window, state, 1, conv_out, core_out,
+                            normed, y);
+  EXPECT_EQ(path_counts(*be).fused_conv_delta - fused_before, 1u) << "the fused mixer did not run";
+  EXPECT_THROW(be->conv1d_silu(mixed, window, w.conv1d, d, 1, conv_out), std::logic_error);
+  EXPECT_THROW(be->gated_delta_net_mixer(w, d, 1e-6f, mixed, z, a, b, window, state, 1, conv_out,
+                                         core_out, normed, y),
+               std::logic_error);
+  // Another op between: accepted.
+  be->moe_route(logits, 1, 256, 8, ids, weights);
+  EXPECT_NO_THROW(be->gated_delta_net_mixer(w, d, 1e-6f, mixed, z, a, b, window, state, 1, conv_out,
+                                            core_out, normed, y));
+  be->synchronize();
 }
 
 }  // namespace

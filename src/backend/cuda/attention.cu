@@ -1539,7 +1539,9 @@ AttentionPath launch_decode(const float* qg, const float* k, const float* v, con
 void store_rows(const float* k, const float* v, float* k_dst, float* v_dst, size_t count,
                 Stream s) {
   LILY_CUDA_CHECK(cudaMemcpyAsync(k_dst, k, count * sizeof(float), cudaMemcpyDeviceToDevice, s));
+  count_issued(s);
   LILY_CUDA_CHECK(cudaMemcpyAsync(v_dst, v, count * sizeof(float), cudaMemcpyDeviceToDevice, s));
+  count_issued(s);
 }
 void store_rows(const float* k, const float* v, __nv_bfloat16* k_dst, __nv_bfloat16* v_dst,
                 size_t count, Stream s) {
@@ -1582,6 +1584,7 @@ void launch_prefill(const float* qg, const float* k, const float* v, const Typed
   prefill_kernel<D, KV><<<dim3(tiles, static_cast<unsigned>(a.q_heads)), kPrefillThreads, kSmem, s>>>(
       qg, k_cache, v_cache, static_cast<const float*>(c.key_scales), static_cast<const float*>(c.value_scales),
       a.q_heads, a.kv_heads, a.q_heads / a.kv_heads, pos, n, scale, out);
+  count_issued(s);
   LILY_CUDA_LAUNCH_CHECK();
 }
 

@@ -170,7 +170,7 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   // Programmatic dependent launch needs 9.0 on both; --cuda-disable pdl turns it off to
   // measure what it buys.
   launch_ = cuda::Stream{stream_, options_.pdl && prop.major >= 9 && code.ptxVersion >= 90,
-                         &counts_.pdl_launches};
+                         &counts_.pdl_launches, order_.counter()};
   // The lm_head's bulk copies need 9.0 and room for their tiles in shared memory;
   // --cuda-disable stream-gemv keeps the generic GEMV.
   stream_gemv_.enabled =
@@ -253,6 +253,7 @@ void* CudaBackend::device_alloc(size_t bytes) {
   allocated_ += round_up(std::max<size_t>(bytes, 1));
   // Zero-filled, as the contract says; synchronous, but allocation only happens at set-up.
   LILY_CUDA_CHECK(cudaMemsetAsync(ptr, 0, round_up(std::max<size_t>(bytes, 1)), stream_));
+  order_.issued_other();
   LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return ptr;
 }
@@ -283,7 +284,11 @@ KvCacheView CudaBackend::alloc_kv_cache(size_t count, KvDtype dtype, int64_t hea
 void CudaBackend::zero_kv_cache(const KvCacheView& cache, size_t count) {
   require(cache.data != nullptr, "zero_kv_cache", "null cache");
   LILY_CUDA_CHECK(cudaMemsetAsync(cache.data, 0, count * kv_dtype_bytes(cache.dtype), stream_));
-  if (const size_t sb = cache.scale_count(count) * sizeof(float)) LILY_CUDA_CHECK(cudaMemsetAsync(cache.scales, 0, sb, stream_));
+  order_.issued_other();
+  if (const size_t sb = cache.scale_count(count) * sizeof(float)) {
+    LILY_CUDA_CHECK(cudaMemsetAsync(cache.scales, 0, sb, stream_));
+    order_.issued_other();
+  }
 }
 
 // Host layout (backend.h): the elements, then an int8 cache's row scales.
@@ -291,8 +296,10 @@ void CudaBackend::copy_kv_to_host(const KvCacheView& cache, size_t count, void* 
   require(cache.data != nullptr && host_dst != nullptr, "copy_kv_to_host", "null buffers");
   const size_t eb = count * kv_dtype_bytes(cache.dtype);
   LILY_CUDA_CHECK(cudaMemcpyAsync(host_dst, cache.data, eb, cudaMemcpyDeviceToHost, stream_));
+  order_.issued_other();
   if (const size_t sb = cache.scale_count(count) * sizeof(float)) {
     LILY_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(host_dst) + eb, cache.scales, sb, cudaMemcpyDeviceToHost, stream_));
+    order_.issued_other();
   }
   LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
@@ -301,35 +308,43 @@ void CudaBackend::copy_kv_from_host(const void* host_src, size_t count, const Kv
   require(cache.data != nullptr && host_src != nullptr, "copy_kv_from_host", "null buffers");
   const size_t eb = count * kv_dtype_bytes(cache.dtype);
   LILY_CUDA_CHECK(cudaMemcpyAsync(cache.data, host_src, eb, cudaMemcpyHostToDevice, stream_));
+  order_.issued_other();
   if (const size_t sb = cache.scale_count(count) * sizeof(float)) {
     LILY_CUDA_CHECK(cudaMemcpyAsync(cache.scales, static_cast<const char*>(host_src) + eb, sb, cudaMemcpyHostToDevice, stream_));
+    order_.issued_other();
   }
   LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void CudaBackend::zero(float* buffer, size_t count) {
   LILY_CUDA_CHECK(cudaMemsetAsync(buffer, 0, count * sizeof(float), stream_));
+  order_.issued_other();
 }
 
 void CudaBackend::copy_to_host(const float* src, size_t count, float* host_dst) {
   LILY_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, count * 4, cudaMemcpyDeviceToHost, stream_));
+  order_.issued_other();
   LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 void CudaBackend::copy_to_host_i32(const int32_t* src, size_t count, int32_t* host_dst) {
   LILY_CUDA_CHECK(cudaMemcpyAsync(host_dst, src, count * 4, cudaMemcpyDeviceToHost, stream_));
+  order_.issued_other();
   LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 // Host sources may be reused as soon as these return, so they wait for the transfer.
 void CudaBackend::copy_from_host(const int32_t* host_src, size_t count, int32_t* dst) {
   LILY_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, count * 4, cudaMemcpyHostToDevice, stream_));
+  order_.issued_other();
   LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 void CudaBackend::copy_from_host(const float* host_src, size_t count, float* dst) {
   LILY_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, count * 4, cudaMemcpyHostToDevice, stream_));
+  order_.issued_other();
   LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 void CudaBackend::copy(const float* src, size_t count, float* dst) {
   LILY_CUDA_CHECK(cudaMemcpyAsync(dst, src, count * 4, cudaMemcpyDeviceToDevice, stream_));
+  order_.issued_other();
 }
 void CudaBackend::add_i32(int32_t* value, int32_t delta) {
   cuda::launch(add_i32_kernel, 1, 1, 0, launch_, value, delta);
@@ -339,6 +354,7 @@ void CudaBackend::read_async(const int32_t* src, int slot) {
   require(slot == 0 || slot == 1, "read_async", "slot must be 0 or 1");
   LILY_CUDA_CHECK(cudaMemcpyAsync(pinned_reads_ + slot, src, sizeof(int32_t),
                                   cudaMemcpyDeviceToHost, stream_));
+  order_.issued_other();
   LILY_CUDA_CHECK(cudaEventRecord(read_events_[slot], stream_));
 }
 
@@ -355,6 +371,7 @@ void CudaBackend::read_words_async(const int32_t* src, int64_t count, int slot) 
   LILY_CUDA_CHECK(cudaMemcpyAsync(pinned_words_ + slot * TokenRecordLayout::kWords, src,
                                   static_cast<size_t>(count) * sizeof(int32_t),
                                   cudaMemcpyDeviceToHost, stream_));
+  order_.issued_other();
   LILY_CUDA_CHECK(cudaEventRecord(word_events_[slot], stream_));
 }
 
@@ -390,6 +407,7 @@ int CudaBackend::end_capture() {
 void CudaBackend::replay(int graph) {
   require(graph >= 0 && static_cast<size_t>(graph) < graphs_.size(), "replay", "unknown graph");
   LILY_CUDA_CHECK(cudaGraphLaunch(graphs_[static_cast<size_t>(graph)], stream_));
+  order_.issued_other();
   fault_point(FaultSite::replay);  // test only (--test-fault); nothing when no fault is armed
 }
 
@@ -474,6 +492,7 @@ std::string weight_key(const void* a, const void* b, const void* c, uint64_t sha
 void CudaBackend::upload_weight(void* dst, const void* host_src, size_t bytes) {
   // Pageable, possibly unaligned mapped memory: the driver stages it.
   LILY_CUDA_CHECK(cudaMemcpyAsync(dst, host_src, bytes, cudaMemcpyHostToDevice, stream_));
+  order_.issued_other();
   LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
@@ -583,15 +602,21 @@ void CudaBackend::gated_delta_net_mixer(const GatedDeltaNetWeights& w,
   contract::check_gated_rms_norm(core_out, z, w.norm, dims.value_heads, dims.value_dim, normed, op);
   contract::check_matmul(w.out_proj, 0, static_cast<int64_t>(w.out_proj.rows()), normed, 1, y, op);
   require(cuda::aligned16(state), op, "needs a 16-byte aligned state");
+  // The delta step reads the window and the state before its dependency wait; it writes the
+  // state, and the output projection's launch the window (the deferred shift): both recorded.
+  order_.check_read_before_wait(window, "conv window", op);
+  order_.check_read_before_wait(state, "recurrent state", op);
   ++counts_.fused_conv_delta;
   cuda::gated_delta_step(mixed, window, dense(w.conv1d), a, b, dense(w.a_log), dense(w.dt_bias),
                          state, d, core_out, launch_);
+  order_.wrote(state, "recurrent state", "gated_delta_net_mixer's delta rule");
   // The gated norm, then the output projection, whose launch also shifts the window.
   gated_rms_norm(core_out, z, w.norm, dims.value_heads, dims.value_dim, eps, normed);
   const cuda::QuantMatrix& out_proj = quant(w.out_proj);
   const cuda::GemvTarget target{out_proj, 0, out_proj.rows(), y};
   const cuda::WindowShift shift{mixed, window, d.channels(), d.conv_kernel};
   cuda::gemv_batch(&target, 1, normed, 1, launch_, shift);
+  order_.wrote(window, "conv window", "gated_delta_net_mixer's output projection (window shift)");
 }
 
 void CudaBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, const float* x,
@@ -660,7 +685,9 @@ void CudaBackend::conv1d_silu(const float* mixed, float* window, const DenseView
                               const GatedDeltaNetDims& dims, int64_t n, float* out) {
   contract::check_conv1d_silu(mixed, window, weight, dims, n, out);
   const cuda::DeltaNetShape d = delta_net_shape(dims, "conv1d_silu");
+  order_.check_read_before_wait(window, "conv window", "conv1d_silu");
   cuda::conv1d_silu(mixed, window, dense(weight), d, n, out, launch_);
+  order_.wrote(window, "conv window", "conv1d_silu");
 }
 
 void CudaBackend::gated_delta_rule(const float* conv, const float* a, const float* b,
@@ -671,7 +698,10 @@ void CudaBackend::gated_delta_rule(const float* conv, const float* a, const floa
   // The one-token kernel moves the state as float4 rows (value_dim % 8 == 0 keeps every row
   // aligned once the base is; device allocations are 256-byte aligned).
   require(cuda::aligned16(state), "gated_delta_rule", "needs a 16-byte aligned state");
+  // The one-token kernel loads the state before its dependency wait; the chunked one after.
+  if (n == 1) order_.check_read_before_wait(state, "recurrent state", "gated_delta_rule");
   cuda::gated_delta_rule(conv, a, b, dense(a_log), dense(dt_bias), state, d, n, out, launch_);
+  order_.wrote(state, "recurrent state", "gated_delta_rule");
 }
 
 void CudaBackend::moe_route(const float* logits, int64_t n, int64_t experts, int64_t k,

@@ -12,6 +12,7 @@
 #include "backend/backend.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/cuda_options.h"
+#include "backend/cuda/launch_order.h"
 
 namespace lily {
 
@@ -165,6 +166,10 @@ class CudaBackend final : public Backend {
   // cuda::WindowShift): one launch fewer per Gated DeltaNet layer.
   CudaOptions options_;
   CudaPathCounts counts_;  // counted at dispatch (cuda_options.h): eager and recorded calls
+  // The stream's operations in issue order, and which of them wrote an input that a later
+  // kernel reads before its dependency wait (launch_order.h): checked at dispatch, so in eager
+  // calls and while a graph is recorded alike.
+  cuda::LaunchOrder order_;
   cudaStream_t stream_ = nullptr;
   // What the kernels launch on: stream_, PDL on where options_.pdl and the code allow it.
   cuda::Stream launch_;

@@ -39,7 +39,9 @@ bool poisons_context(cudaError_t status);
 // dependent launch (compute capability 9.0+), every kernel of this backend is launched with
 // the programmatic-serialization attribute: it may start before its predecessor in the stream
 // has finished. Contract, for every kernel launched through `launch`:
-//   * before `grid_dependency_wait()` it may only read memory no kernel writes (weights);
+//   * before `grid_dependency_wait()` it may only read memory no kernel writes (weights), or
+//     memory that the launch just before it does not write (a recurrent state, a conv window:
+//     written one step earlier), which CudaBackend checks with LaunchOrder (launch_order.h);
 //   * every thread that reads or writes activations calls it first, and every block calls
 //     it before it exits (so a kernel never completes before the one it follows: completion
 //     stays ordered along the stream, which later kernels rely on).
@@ -90,6 +92,13 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_byte
     LILY_CUDA_CHECK(status);
   }
   if (stream.pdl && stream.pdl_launches != nullptr) ++*stream.pdl_launches;
+  if (stream.issued != nullptr) ++*stream.issued;
+}
+
+// A stream operation issued without `launch` (a kernel launched with <<<...>>>, a copy, a
+// memset): counted in stream.issued as `launch` counts its kernels (LaunchOrder).
+inline void count_issued(const Stream& stream) {
+  if (stream.issued != nullptr) ++*stream.issued;
 }
 
 // An attribute of the current device, e.g. cudaDevAttrMultiProcessorCount (callers cache it:

@@ -17,11 +17,14 @@ namespace lily::cuda {
 // get the programmatic-serialization attribute (cuda_common.cuh, `launch`). The backend
 // builds it from its CudaOptions and the device; nothing else decides PDL. `pdl_launches`
 // (may be nullptr) counts the kernels launched with the attribute, host side (the backend's
-// CudaPathCounts). Converts to the cudaStream_t for runtime calls on the same stream.
+// CudaPathCounts); `issued` (may be nullptr) counts every launch, the stream operations that
+// LaunchOrder (launch_order.h) orders. Converts to the cudaStream_t for runtime calls on the
+// same stream.
 struct Stream {
   cudaStream_t handle = nullptr;
   bool pdl = false;
   uint64_t* pdl_launches = nullptr;
+  uint64_t* issued = nullptr;
   operator cudaStream_t() const { return handle; }  // NOLINT: implicit on purpose
 };
 
