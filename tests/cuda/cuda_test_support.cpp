@@ -43,6 +43,18 @@ std::vector<int32_t> to_host(Backend& be, const int32_t* device, size_t count) {
   return host;
 }
 
+GatedDeltaNetWeights mixer_weights(const DenseTensor& conv1d, const DenseTensor& a_log,
+                                   const DenseTensor& dt_bias, const DenseTensor& norm,
+                                   const QuantWeight& out_proj) {
+  GatedDeltaNetWeights w;
+  w.conv1d = conv1d.view();
+  w.a_log = a_log.view();
+  w.dt_bias = dt_bias.view();
+  w.norm = norm.view();
+  w.out_proj = out_proj.view();
+  return w;
+}
+
 ErrorFigures compare_f32(std::span<const float> got, std::span<const float> want) {
   std::vector<double> wide(want.begin(), want.end());
   return compare(got, wide);

@@ -39,4 +39,9 @@ std::vector<int32_t> to_host(Backend& be, const int32_t* device, size_t count);
 // Figures of `got` against `want` (f32 vs f32, e.g. CUDA against the CPU backend).
 ErrorFigures compare_f32(std::span<const float> got, std::span<const float> want);
 
+// The Gated DeltaNet mixer's weights as views of test tensors (they must outlive the result).
+GatedDeltaNetWeights mixer_weights(const DenseTensor& conv1d, const DenseTensor& a_log,
+                                   const DenseTensor& dt_bias, const DenseTensor& norm,
+                                   const QuantWeight& out_proj);
+
 }  // namespace lily::testing

@@ -434,12 +434,7 @@ TEST(CudaGatedDeltaNetMixer, FusedConvStepsMatchTheThreeOps) {
     const DenseTensor dt_bias(DType::BF16, {Hv}, rng.uniform_vector(Hv, -1.0f, 1.0f), "dt_bias");
     const DenseTensor norm(DType::BF16, {Dv}, rng.uniform_vector(Dv, 0.5f, 1.5f), "norm");
     const QuantWeight out_proj(rng, 4, 1, H, Hv * Dv, 0, "out_proj");
-    GatedDeltaNetWeights w;
-    w.conv1d = conv.view();
-    w.a_log = a_log.view();
-    w.dt_bias = dt_bias.view();
-    w.norm = norm.view();
-    w.out_proj = out_proj.view();
+    const GatedDeltaNetWeights w = mixer_weights(conv, a_log, dt_bias, norm, out_proj);
     const size_t state_count = Hv * static_cast<size_t>(d.key_dim) * Dv;
 
     // Per backend: window, state and the scratch/output buffers.
@@ -572,12 +567,7 @@ TEST(CudaLaunchOrder, RefusesAReadBeforeTheWaitRightAfterTheWrite) {
   const DenseTensor dt_bias(DType::BF16, {Hv}, rng.uniform_vector(Hv, -1.0f, 1.0f), "dt_bias");
   const DenseTensor norm(DType::BF16, {Dv}, rng.uniform_vector(Dv, 0.5f, 1.5f), "norm");
   const QuantWeight out_proj(rng, 4, 1, 2048, Hv * Dv, 0, "out_proj");
-  GatedDeltaNetWeights w;
-  w.conv1d = conv.view();
-  w.a_log = a_log.view();
-  w.dt_bias = dt_bias.view();
-  w.norm = norm.view();
-  w.out_proj = out_proj.view();
+  const GatedDeltaNetWeights w = mixer_weights(conv, a_log, dt_bias, norm, out_proj);
   const std::vector<float> window0 = rng.uniform_vector((K - 1) * C, -2.0f, 2.0f);
   const std::vector<float> state0 = rng.uniform_vector(state_count, -0.5f, 0.5f);
   float* mixed = to_device(*be, rng.uniform_vector(C, -2.0f, 2.0f));

@@ -38,12 +38,7 @@ ProbeResult probe(Backend& be) {
   const DenseTensor dt_bias(DType::BF16, {4}, rng.uniform_vector(4, -1.0f, 1.0f), "dt_bias");
   const DenseTensor norm(DType::BF16, {32}, rng.uniform_vector(32, 0.5f, 1.5f), "norm");
   const QuantWeight out_proj(rng, 4, 1, 96, 4 * 32, 0, "out_proj");
-  GatedDeltaNetWeights w;
-  w.conv1d = conv.view();
-  w.a_log = a_log.view();
-  w.dt_bias = dt_bias.view();
-  w.norm = norm.view();
-  w.out_proj = out_proj.view();
+  const GatedDeltaNetWeights w = mixer_weights(conv, a_log, dt_bias, norm, out_proj);
   float* window = to_device(be, rng.uniform_vector(3 * C, -2.0f, 2.0f));
   float* state = to_device(be, rng.uniform_vector(4 * 32 * 32, -0.5f, 0.5f));
   float* mixer_y = be.alloc(96);
