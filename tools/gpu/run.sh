@@ -44,7 +44,9 @@
 #                                    131,072 keys, to ncu-attention-{int8,bf16}.txt
 #                        lab         the kernel lab (tools/lab/, -DLILY_BUILD_LAB=ON): moe_layer_lab's
 #                                    op path vs persistent MoE block per layer, and its timeline;
-#                                    delta_net_layer_lab's the same for the Gated DeltaNet mixer
+#                                    delta_net_layer_lab's the same for the Gated DeltaNet mixer;
+#                                    attention_lab's decode attention + split combine at 131,072
+#                                    keys in a graph, per split count (int8 and bf16 caches)
 #   LILY_CONTEXTS      CUDA matrix contexts (default 256,1024,4096,16384,65536,131072)
 #   LILY_KV_CACHE      --kv-cache of the CUDA matrix (default: lily's, f32)
 #   LILY_CPU_CONTEXTS  CPU matrix contexts (default 256,512,1024); LILY_THREADS (default 16)
@@ -102,7 +104,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_BUILD_TESTS=O
 # Only what the stages need: the CUDA tests take about half of a fresh machine's build.
 targets=(lily)
 { has_stage tests || has_stage ptx || has_stage ncu-attention; } && targets+=(cuda_tests)
-has_stage lab && targets+=(moe_layer_lab delta_net_layer_lab)
+has_stage lab && targets+=(moe_layer_lab delta_net_layer_lab attention_lab)
 cmake --build build-gpu --target "${targets[@]}" >>"$out/cmake.log" 2>&1 || { tail -60 "$out/cmake.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 lily=$PWD/build-gpu/lily
@@ -122,6 +124,7 @@ tiny=$PWD/build-gpu/tiny-seed1
 if has_stage lab; then
   timeout 120 ./build-gpu/moe_layer_lab 2>&1 | tee "$out/moe_layer_lab.txt" || echo "lab: rc $?"
   timeout 120 ./build-gpu/delta_net_layer_lab 2>&1 | tee "$out/delta_net_layer_lab.txt" || echo "lab: rc $?"
+  timeout 120 ./build-gpu/attention_lab 2>&1 | tee "$out/attention_lab.txt" || echo "lab: rc $?"
 fi
 
 if has_stage profile; then
