@@ -104,9 +104,9 @@ int run() {
       launch(decode_combine_kernel<kTcD>, kQHeads, kTcD, 0, s, qg, kCapacity, kTcG, int64_t(-1), pos, splits,
              part_o, part_ml, out);
     };
-    // The backend's own choice first: 2 blocks an SM (int8, at most 128 splits) or 1 (bf16).
-    const int backend_splits = int8 ? std::min(kDecodeMaxSplits, 2 * sm_count() / kKvHeads)
-                                    : std::min(kDecodeMaxSplits, sm_count() / kKvHeads);
+    // The backend's own choice first (launch_decode's): 2 blocks an SM for int8, 1 for bf16.
+    const int backend_splits =
+        int8 ? decode_tc_splits(kCapacity, kKvHeads, 2) : decode_tc_splits(kCapacity, kKvHeads);
     std::printf("%s cache, %lld keys, %d layers, %d SMs (backend's split count: %d)\n", int8 ? "int8" : "bf16",
                 static_cast<long long>(kPos + 1), kLayers, sm_count(), backend_splits);
     for (int splits : {backend_splits, 16, 32, 64, 96, 128, 198, 264}) {
