@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# On the GPU machine, in one call: `lily bench` of the working tree against a base commit, arm by
+# arm alternating (working tree first), on the full synthetic checkpoint. Builds the working tree
+# through tools/gpu/run.sh (its LILY_STAGES, default tests: cuda_tests run first, with
+# LILY_GTEST_FILTER) and the base from `git archive` into /tmp/base (lily only, once per machine).
+#   AB_BASE    the base commit (default HEAD: the device's .git is the session's starting snapshot)
+#   AB_SPECS   space-separated context:kv-cache arms (default "131072:int8")
+#   AB_ROUNDS  rounds of (new, base) per arm (default 1)
+# Writes $OUT/bench-<ctx>-<kv>-{new,base}-r<round>.json and prints each run's summary line.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/../.."
+out=${OUT:-/tmp/out}
+mkdir -p "$out"
+deps=$PWD/.deps/root/usr
+export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+base=/tmp/base
+start=$(date +%s)
+if [ ! -x "$base/build/lily" ]; then
+  rm -rf "$base" && mkdir -p "$base" && git archive "${AB_BASE:-HEAD}" | tar -x -C "$base"
+  (cmake -S "$base" -B "$base/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_BUILD_TESTS=OFF \
+     -DLILY_WITH_SERVER=OFF -DLILY_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$deps" \
+     -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json" >"$out/base-cmake.log" 2>&1 &&
+   nice cmake --build "$base/build" --target lily >>"$out/base-cmake.log" 2>&1; echo "base build: rc $?") &
+  base_pid=$!
+fi
+LILY_STAGES=${LILY_STAGES:-tests} bash tools/gpu/run.sh
+[ -z "${base_pid:-}" ] || wait "$base_pid"
+ckpt=$PWD/build-gpu/full-seed1
+[ -f "$ckpt/model.safetensors.index.json" ] ||
+  ./build-gpu/lily make-checkpoint --profile full --seed 1 --out "$ckpt" >"$out/make-checkpoint.log" 2>&1
+for spec in ${AB_SPECS:-131072:int8}; do
+  ctx=${spec%%:*}
+  kv=${spec##*:}
+  for round in $(seq "${AB_ROUNDS:-1}"); do
+    for arm in new base; do
+      bin=$PWD/build-gpu/lily
+      [ "$arm" = base ] && bin=$base/build/lily
+      echo -n "ctx $ctx $kv $arm r$round: "
+      timeout 300 "$bin" bench --model "$ckpt" --prompt-len "$ctx" --device cuda --kv-cache "$kv" \
+        --json-out "$out/bench-$ctx-$kv-$arm-r$round.json" 2>&1 | tail -1
+    done
+  done
+done
+echo "ab_bench: $(( $(date +%s) - start )) s"
