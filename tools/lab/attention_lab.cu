@@ -1,16 +1,21 @@
 // Kernel lab (not a test, not built by default): the one-token decode attention at 131,072 keys
 // as a step runs it (per layer the split kernel, then the split combine, launched with
 // programmatic dependent launch inside a CUDA graph over 10 layers, each with its own cache),
-// for several split counts, on the int8 cache (decode_tc_int8_kernel) and the bf16 cache
-// (decode_tc_kernel). It prints, per layer: split kernel + combine, split kernel alone, and the
-// combine alone over the partials, so the cost of a split and of the combine in a graph is read
-// in seconds instead of through two 131,072-token prefills per `lily bench` arm.
+// for several split counts, on the int8 cache (decode_tc_int8_kernel), the bf16 cache
+// (decode_tc_kernel) and the f32 cache (decode_split_kernel, CUDA cores). It prints, per layer:
+// split kernel + combine, split kernel alone, the combine alone over the partials, and the same
+// for the combine as it was before it batched its loads (commit 864d86c, kept here to compare),
+// whose output it checks bit for bit against the backend's; so the cost of a split and of the
+// combine in a graph is read in seconds instead of through two 131,072-token prefills per
+// `lily bench` arm.
 // Build: cmake -DLILY_BUILD_LAB=ON, target attention_lab; run: build/attention_lab.
 //
 // The kernels live in attention.cu's anonymous namespace, so this translation unit includes it
 // (and does not link the backend library's copy of it).
 #include "backend/cuda/attention.cu"
 #include "lab_support.cuh"
+
+#include <cstring>
 
 // A named namespace: an unnamed one here would make the CUDA stubs' references to attention.cu's
 // unnamed-namespace kernels ambiguous.
@@ -25,6 +30,45 @@ constexpr int kKvHeads = 2;
 constexpr int kQHeads = kKvHeads * kTcG;
 constexpr int kReps = 20;
 
+// The split combine as it was at 864d86c: one partial in flight per thread (each split's load
+// waits for the loop's previous one), the reference for decode_combine_kernel's bits and time.
+template <int D>
+__global__ void __launch_bounds__(D)
+    combine_before(const float* qg, int64_t capacity, int G, int64_t pos_host, const int32_t* pos_device,
+                   int splits, const float* part_o, const float* part_ml, float* out) {
+  grid_dependency_wait();
+  const int h = blockIdx.x;
+  const int d = threadIdx.x;
+  const int64_t P = read_position(pos_host, pos_device);
+  float* o = out + static_cast<int64_t>(h) * D;
+  if (P < 0 || P >= capacity) {
+    o[d] = NAN;
+    return;
+  }
+  const int64_t keys = P + 1;
+  const int64_t kps = keys_per_split(keys, splits);
+  const int valid = static_cast<int>((keys + kps - 1) / kps);
+  const int unit = h / G;
+  const int g = h % G;
+  auto at = [&](int sp) { return (static_cast<int64_t>(unit) * splits + sp) * G + g; };
+  float mx = kNegInf;
+  for (int sp = 0; sp < valid; ++sp) mx = fmaxf(mx, part_ml[at(sp) * 2]);
+  float total = 0.0f;
+  float acc = 0.0f;
+  for (int sp = 0; sp < valid; ++sp) {
+    const float ms = part_ml[at(sp) * 2];
+    const float w = ms == kNegInf ? 0.0f : expf(ms - mx);
+    total += w * part_ml[at(sp) * 2 + 1];
+    acc += w * part_o[at(sp) * D + d];
+  }
+  const float gate = qg[(static_cast<int64_t>(h) * 2 + 1) * D + d];
+  o[d] = acc / total * sigmoidf_(gate);
+}
+
+enum class Cache { int8, bf16, f32 };
+const char* name(Cache c) { return c == Cache::int8 ? "int8" : c == Cache::bf16 ? "bf16" : "f32"; }
+int element_bytes(Cache c) { return c == Cache::int8 ? 1 : c == Cache::bf16 ? 2 : 4; }
+
 struct Caches {
   void* keys;
   void* values;
@@ -38,16 +82,21 @@ __global__ void finite_bf16(uint32_t* p, int64_t n) {
   }
 }
 
-// One layer's caches: random codes (int8) or random finite bf16 values, positive int8 scales.
-Caches make_caches(bool int8, uint64_t seed) {
+// One layer's caches: random codes (int8), random finite bf16 values, values in [-1, 1) (f32),
+// positive int8 scales.
+Caches make_caches(Cache type, uint64_t seed) {
+  const bool int8 = type == Cache::int8;
   const int64_t elements = kCapacity * kKvHeads * kTcD;
-  const int64_t bytes = elements * (int8 ? 1 : 2);
+  const int64_t bytes = elements * element_bytes(type);
   Caches c{};
   c.keys = dev<uint32_t>(bytes / 4);
   c.values = dev<uint32_t>(bytes / 4);
   fill_words<<<1024, 256>>>(static_cast<uint32_t*>(c.keys), bytes / 4, seed);
   fill_words<<<1024, 256>>>(static_cast<uint32_t*>(c.values), bytes / 4, seed + 1);
-  if (!int8) {
+  if (type == Cache::f32) {
+    fill_f32<<<1024, 256>>>(static_cast<float*>(c.keys), elements, -1.0f, 0.02f);
+    fill_f32<<<1024, 256>>>(static_cast<float*>(c.values), elements, -0.9f, 0.019f);
+  } else if (!int8) {
     // Random bits are random bf16 values, NaNs and infinities among them: keep them finite.
     finite_bf16<<<1024, 256>>>(static_cast<uint32_t*>(c.keys), bytes / 4);
     finite_bf16<<<1024, 256>>>(static_cast<uint32_t*>(c.values), bytes / 4);
@@ -83,38 +132,64 @@ int run() {
   float* part_ml = dev<float>(int64_t(kQHeads) * max_splits * 2);
   const float scale = 1.0f / 16.0f;  // 1 / sqrt(256)
 
-  for (const bool int8 : {true, false}) {
+  std::vector<float> bits_new(size_t(kQHeads) * kTcD), bits_before(size_t(kQHeads) * kTcD);
+  for (const Cache type : {Cache::int8, Cache::bf16, Cache::f32}) {
+    const bool int8 = type == Cache::int8;
     std::vector<Caches> caches;
     for (int l = 0; l < kLayers; ++l) {
-      caches.push_back(make_caches(int8, 7919u * uint64_t(l + 1)));
+      caches.push_back(make_caches(type, 7919u * uint64_t(l + 1)));
     }
     LILY_CUDA_CHECK(cudaDeviceSynchronize());
     auto split_kernel = [&](const Caches& c, int splits) {
-      if (int8) {
+      if (type == Cache::int8) {
         launch(decode_tc_int8_kernel, dim3(kKvHeads, static_cast<unsigned>(splits)), kT8Threads, kT8SmemBytes, s, qg, k,
                v, static_cast<int8_t*>(c.keys), static_cast<int8_t*>(c.values), c.key_scales, c.value_scales,
                kCapacity, kKvHeads, int64_t(-1), pos, splits, scale, part_o, part_ml);
-      } else {
+      } else if (type == Cache::bf16) {
         launch(decode_tc_kernel, dim3(kKvHeads, static_cast<unsigned>(splits)), kTcThreads, kTcSmemBytes, s, qg, k, v,
                static_cast<__nv_bfloat16*>(c.keys), static_cast<__nv_bfloat16*>(c.values), kCapacity, kKvHeads,
                int64_t(-1), pos, splits, scale, part_o, part_ml);
+      } else {
+        launch(decode_split_kernel<kTcD, kTcG, float>, dim3(kKvHeads, static_cast<unsigned>(splits)), kDecodeThreads,
+               0, s, qg, k, v, static_cast<float*>(c.keys), static_cast<float*>(c.values),
+               static_cast<const float*>(nullptr), static_cast<const float*>(nullptr), kCapacity, kQHeads, kKvHeads,
+               kTcG, int64_t(-1), pos, splits, scale, part_o, part_ml);
       }
     };
     auto combine = [&](int splits) {
       launch(decode_combine_kernel<kTcD>, kQHeads, kTcD, 0, s, qg, kCapacity, kTcG, int64_t(-1), pos, splits,
              part_o, part_ml, out);
     };
-    // The backend's own choice first (launch_decode's): 2 blocks an SM for int8, 1 for bf16.
-    const int backend_splits =
-        int8 ? decode_tc_splits(kCapacity, kKvHeads, 2) : decode_tc_splits(kCapacity, kKvHeads);
-    std::printf("%s cache, %lld keys, %d layers, %d SMs (backend's split count: %d)\n", int8 ? "int8" : "bf16",
+    auto combine_old = [&](int splits) {
+      launch(combine_before<kTcD>, kQHeads, kTcD, 0, s, qg, kCapacity, kTcG, int64_t(-1), pos, splits, part_o,
+             part_ml, out);
+    };
+    // The backend's own choice first (launch_decode's).
+    const int backend_splits = type == Cache::f32 ? decode_splits(kCapacity) : decode_tc_splits(kCapacity, kKvHeads);
+    std::printf("%s cache, %lld keys, %d layers, %d SMs (backend's split count: %d); us per layer\n", name(type),
                 static_cast<long long>(kPos + 1), kLayers, sm_count(), backend_splits);
-    for (int splits : {backend_splits, 16, 32, 64, 96, 128, 198, 264}) {
+    for (int splits : {backend_splits, 32, 48, 56, 64, 66, 80, 96, 128, 132, 198, 264}) {
       if (splits > max_splits) continue;
+      // The two combines' outputs over the same partials, bit for bit.
+      // (The stream does not synchronise with the legacy default stream of cudaMemcpy.)
+      split_kernel(caches[0], splits);
+      combine(splits);
+      LILY_CUDA_CHECK(cudaStreamSynchronize(raw));
+      LILY_CUDA_CHECK(cudaMemcpy(bits_new.data(), out, bits_new.size() * 4, cudaMemcpyDeviceToHost));
+      combine_old(splits);
+      LILY_CUDA_CHECK(cudaStreamSynchronize(raw));
+      LILY_CUDA_CHECK(cudaMemcpy(bits_before.data(), out, bits_before.size() * 4, cudaMemcpyDeviceToHost));
+      const bool same = std::memcmp(bits_new.data(), bits_before.data(), bits_new.size() * 4) == 0;
       cudaGraphExec_t both = capture(raw, [&] {
         for (const Caches& c : caches) {
           split_kernel(c, splits);
           combine(splits);
+        }
+      });
+      cudaGraphExec_t both_old = capture(raw, [&] {
+        for (const Caches& c : caches) {
+          split_kernel(c, splits);
+          combine_old(splits);
         }
       });
       cudaGraphExec_t alone = capture(raw, [&] {
@@ -123,15 +198,19 @@ int run() {
       cudaGraphExec_t merges = capture(raw, [&] {
         for (int l = 0; l < kLayers; ++l) combine(splits);
       });
+      cudaGraphExec_t merges_old = capture(raw, [&] {
+        for (int l = 0; l < kLayers; ++l) combine_old(splits);
+      });
       const float t_both = time_graph(both, raw, kReps) / kLayers;
+      const float t_both_old = time_graph(both_old, raw, kReps) / kLayers;
       const float t_alone = time_graph(alone, raw, kReps) / kLayers;
       const float t_merge = time_graph(merges, raw, kReps) / kLayers;
-      std::printf("  splits %3d: split kernel + combine %7.2f us/layer | split kernel alone %7.2f | "
-                  "combine alone %6.2f | difference %6.2f\n",
-                  splits, t_both, t_alone, t_merge, t_both - t_alone);
-      LILY_CUDA_CHECK(cudaGraphExecDestroy(both));
-      LILY_CUDA_CHECK(cudaGraphExecDestroy(alone));
-      LILY_CUDA_CHECK(cudaGraphExecDestroy(merges));
+      const float t_merge_old = time_graph(merges_old, raw, kReps) / kLayers;
+      std::printf("  splits %3d: kernel + combine %7.2f (before %7.2f) | kernel alone %7.2f | combine alone %6.2f "
+                  "(before %6.2f) | outputs %s\n",
+                  splits, t_both, t_both_old, t_alone, t_merge, t_merge_old,
+                  same ? "bit-identical" : "DIFFER");
+      for (cudaGraphExec_t g : {both, both_old, alone, merges, merges_old}) LILY_CUDA_CHECK(cudaGraphExecDestroy(g));
     }
     for (Caches& c : caches) {
       cudaFree(c.keys);

@@ -574,15 +574,34 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
   }
 }
 
-// One block per query head: merges the valid splits, normalises, applies sigmoid(gate).
+// The split combine: one block per query head, one thread per dim. It merges the valid
+// splits, normalises and applies sigmoid(gate). Its arithmetic is a fixed sequence per dim
+// (max over the splits, weights w = exp(m - max), total = sum w * l and acc = sum w * o, both
+// in split order), so the result does not depend on timing or on the grid. What it must not
+// do is walk the splits with one load in flight at a time: at 128 splits that took 11.7 us a
+// layer (the int8 cache at 131,072 keys, tools/lab/attention_lab.cu on an H100), about one L2
+// round trip a split. So the splits' (m, l) pairs are loaded by as many threads as there are
+// splits, and each thread keeps kCombineBatch value partials in flight, the first batch issued
+// right after the wait, before the weights are known.
+constexpr int kCombineMaxSplits = 512;  // shared memory for the weights: 4 KB
+constexpr int kCombineBatch = 16;       // value partials in flight per thread
+static_assert(kDecodeMaxSplits <= kCombineMaxSplits, "the combine holds every split's weight");
+
 template <int D>
 __global__ void __launch_bounds__(D)
     decode_combine_kernel(const float* qg, int64_t capacity, int G, int64_t pos_host,
                           const int32_t* pos_device, int splits, const float* part_o,
                           const float* part_ml, float* out) {
-  grid_dependency_wait();
+  static_assert(D % 32 == 0 && D <= 1024, "one thread per dim, whole warps");
+  __shared__ float w_s[kCombineMaxSplits];  // m, then the weight exp(m - max), per split
+  __shared__ float l_s[kCombineMaxSplits];  // the split's sum of exp
+  __shared__ float warp_max[D / 32];
   const int h = blockIdx.x;
   const int d = threadIdx.x;
+  // The gate comes from q/k norm + RoPE, two launches back: the split kernel waited for it
+  // before it let this launch start, so it may be read before the wait.
+  const float gate = qg[(static_cast<int64_t>(h) * 2 + 1) * D + d];
+  grid_dependency_wait();
   const int64_t P = read_position(pos_host, pos_device);
   float* o = out + static_cast<int64_t>(h) * D;
   if (P < 0 || P >= capacity) {
@@ -595,17 +614,45 @@ __global__ void __launch_bounds__(D)
   const int unit = h / G;
   const int g = h % G;
   auto at = [&](int sp) { return (static_cast<int64_t>(unit) * splits + sp) * G + g; };
-  float mx = kNegInf;
-  for (int sp = 0; sp < valid; ++sp) mx = fmaxf(mx, part_ml[at(sp) * 2]);
-  float total = 0.0f;
-  float acc = 0.0f;
-  for (int sp = 0; sp < valid; ++sp) {
-    const float ms = part_ml[at(sp) * 2];
-    const float w = ms == kNegInf ? 0.0f : expf(ms - mx);
-    total += w * part_ml[at(sp) * 2 + 1];
-    acc += w * part_o[at(sp) * D + d];
+  float batch[kCombineBatch];
+#pragma unroll
+  for (int i = 0; i < kCombineBatch; ++i) batch[i] = i < valid ? part_o[at(i) * D + d] : 0.0f;
+  float m_own = kNegInf;
+  for (int sp = d; sp < valid; sp += D) {
+    const float m = part_ml[at(sp) * 2];
+    w_s[sp] = m;
+    l_s[sp] = part_ml[at(sp) * 2 + 1];
+    m_own = fmaxf(m_own, m);
   }
-  const float gate = qg[(static_cast<int64_t>(h) * 2 + 1) * D + d];
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) m_own = fmaxf(m_own, __shfl_xor_sync(0xffffffffu, m_own, off));
+  if (d % 32 == 0) warp_max[d / 32] = m_own;
+  __syncthreads();
+  float mx = warp_max[0];  // a max is exact in any order
+#pragma unroll
+  for (int w = 1; w < D / 32; ++w) mx = fmaxf(mx, warp_max[w]);
+  for (int sp = d; sp < valid; sp += D) {
+    const float ms = w_s[sp];
+    w_s[sp] = ms == kNegInf ? 0.0f : expf(ms - mx);
+  }
+  __syncthreads();
+  float total = 0.0f;
+  for (int sp = 0; sp < valid; ++sp) total += w_s[sp] * l_s[sp];
+  float acc = 0.0f;
+  for (int base = 0; base < valid; base += kCombineBatch) {
+    float next[kCombineBatch];
+#pragma unroll
+    for (int i = 0; i < kCombineBatch; ++i) {
+      const int sp = base + kCombineBatch + i;
+      next[i] = sp < valid ? part_o[at(sp) * D + d] : 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < kCombineBatch; ++i) {
+      if (base + i < valid) acc += w_s[base + i] * batch[i];
+    }
+#pragma unroll
+    for (int i = 0; i < kCombineBatch; ++i) batch[i] = next[i];
+  }
   o[d] = acc / total * sigmoidf_(gate);
 }
 
@@ -1451,10 +1498,12 @@ void launch_decode_split(const float* qg, const float* k, const float* v, const 
          pos_host, pos_device, splits, scale, part_o, part_ml);
 }
 
-// The tensor-core kernel's split count: one block per SM at most (it takes an SM's shared
-// memory), and no more than the CUDA-core kernel would use.
-int decode_tc_splits(int64_t capacity, int kv_heads, int blocks_per_sm = 1) {
-  const int per_sm = blocks_per_sm * sm_count() / (kv_heads > 0 ? kv_heads : 1);
+// The tensor-core kernels' split count: one block per SM at most, and no more than the
+// CUDA-core kernel would use. For the int8 kernel too, although two of its blocks fit an SM:
+// at 131,072 keys on an H100 it took 61.4 us a layer with one block per SM (66 splits) and 68.1
+// with two (128), and the combine has half the partials to merge (tools/lab/attention_lab.cu).
+int decode_tc_splits(int64_t capacity, int kv_heads) {
+  const int per_sm = sm_count() / (kv_heads > 0 ? kv_heads : 1);
   const int splits = decode_splits(capacity);
   return splits < per_sm ? splits : (per_sm > 0 ? per_sm : 1);
 }
@@ -1473,9 +1522,7 @@ AttentionPath launch_decode(const float* qg, const float* k, const float* v, con
   const bool int8_tensor_cores = kInt8Tc && int8_row_in_decode_kernel(D, a);
   const bool tensor_cores =
       int8_tensor_cores || (G == kTcG && kTensorCoreDecode<D, kTcG, KV> && tensor_core_decode_attention_fits());
-  const int splits = int8_tensor_cores ? decode_tc_splits(capacity, a.kv_heads, 2)
-                     : tensor_cores    ? decode_tc_splits(capacity, a.kv_heads)
-                                       : decode_splits(capacity);
+  const int splits = tensor_cores ? decode_tc_splits(capacity, a.kv_heads) : decode_splits(capacity);
   const size_t o_floats = static_cast<size_t>(a.q_heads) * splits * D;
   const size_t ml_floats = static_cast<size_t>(a.q_heads) * splits * 2;
   auto* part_o = static_cast<float*>(ws.get(kWsAttention, (o_floats + ml_floats) * sizeof(float)));
