@@ -46,7 +46,7 @@
 #                                    op path vs persistent MoE block per layer, and its timeline;
 #                                    delta_net_layer_lab's the same for the Gated DeltaNet mixer;
 #                                    attention_lab's decode attention + split combine at 131,072
-#                                    keys in a graph, per split count (int8 and bf16 caches)
+#                                    keys in a graph, per split count (int8, bf16 and f32 caches; new combine vs the old one, bit for bit)
 #   LILY_CONTEXTS      CUDA matrix contexts (default 256,1024,4096,16384,65536,131072)
 #   LILY_KV_CACHE      --kv-cache of the CUDA matrix (default: lily's, f32)
 #   LILY_CPU_CONTEXTS  CPU matrix contexts (default 256,512,1024); LILY_THREADS (default 16)

@@ -942,7 +942,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 
 // ============================== decode on tensor cores, int8 cache =========================
 // The model's shape (head_dim 256, 8 query heads per KV head) over an int8 cache, grid
-// (kv_heads, splits), kT8Threads threads, 2 blocks an SM. The cache rows are int8 codes with an
+// (kv_heads, splits), kT8Threads threads, one block an SM (decode_tc_splits). The cache rows are int8 codes with an
 // f32 scale per (token, kv head) row; the new row P is quantised by the block whose split holds
 // it (quantize_row_warp, as store_int8_rows_kernel writes the prefill's rows).
 //   S = Q K^T on mma.sync m16n8k32 s8 x s8 -> s32, exact: the 16 rows are the 8 heads' query
