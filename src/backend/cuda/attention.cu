@@ -1628,11 +1628,10 @@ void launch_prefill(const float* qg, const float* k, const float* v, const Typed
   }
   const auto tiles = static_cast<unsigned>((n + kBq - 1) / kBq);
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  prefill_kernel<D, KV><<<dim3(tiles, static_cast<unsigned>(a.q_heads)), kPrefillThreads, kSmem, s>>>(
-      qg, k_cache, v_cache, static_cast<const float*>(c.key_scales), static_cast<const float*>(c.value_scales),
-      a.q_heads, a.kv_heads, a.q_heads / a.kv_heads, pos, n, scale, out);
-  count_issued(s);
-  LILY_CUDA_LAUNCH_CHECK();
+  launch_serial(prefill_kernel<D, KV>, dim3(tiles, static_cast<unsigned>(a.q_heads)),
+                kPrefillThreads, kSmem, s, qg, k_cache, v_cache,
+                static_cast<const float*>(c.key_scales), static_cast<const float*>(c.value_scales),
+                a.q_heads, a.kv_heads, a.q_heads / a.kv_heads, pos, n, scale, out);
 }
 
 template <int D, typename KV>

@@ -71,11 +71,11 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
   asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
 }
 
-// Launches `kernel` on `stream`, with the programmatic-serialization attribute when
-// stream.pdl (counted in *stream.pdl_launches).
+// Launches `kernel` on `stream`, with the programmatic-serialization attribute when `pdl`
+// (counted in *stream.pdl_launches), and counts it in *stream.issued (LaunchOrder).
 template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
-            const Stream& stream, Args... args) {
+void launch_on(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+               const Stream& stream, bool pdl, Args... args) {
   cudaLaunchAttribute attribute = {};
   attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
   attribute.val.programmaticStreamSerializationAllowed = 1;
@@ -85,18 +85,36 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_byte
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream.handle;
   config.attrs = &attribute;
-  config.numAttrs = stream.pdl ? 1 : 0;
+  config.numAttrs = pdl ? 1 : 0;
   const cudaError_t status = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
   if (status != cudaSuccess) {
     (void)cudaGetLastError();  // clear it, so that the next launch check does not report it again
     LILY_CUDA_CHECK(status);
   }
-  if (stream.pdl && stream.pdl_launches != nullptr) ++*stream.pdl_launches;
+  if (pdl && stream.pdl_launches != nullptr) ++*stream.pdl_launches;
   if (stream.issued != nullptr) ++*stream.issued;
 }
 
-// A stream operation issued without `launch` (a kernel launched with <<<...>>>, a copy, a
-// memset): counted in stream.issued as `launch` counts its kernels (LaunchOrder).
+// The launch of every kernel that follows the PDL contract above: with the attribute when
+// stream.pdl.
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+            const Stream& stream, Args... args) {
+  launch_on(kernel, grid, block, shared_bytes, stream, stream.pdl, args...);
+}
+
+// The launch of a kernel that does not call grid_dependency_wait() (the prefill's GEMMs and
+// attention, the grouped MoE and its sort, the conv's window update): never with the
+// attribute, so it starts only when the kernel before it has completed, as `<<<...>>>` would;
+// counted like every other launch, so that no launch can be left out of LaunchOrder's count.
+template <typename... Params, typename... Args>
+void launch_serial(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                   const Stream& stream, Args... args) {
+  launch_on(kernel, grid, block, shared_bytes, stream, false, args...);
+}
+
+// A stream operation that is not a kernel launch (a copy, a memset, a graph launch): counted
+// in stream.issued as the launches count themselves (LaunchOrder).
 inline void count_issued(const Stream& stream) {
   if (stream.issued != nullptr) ++*stream.issued;
 }

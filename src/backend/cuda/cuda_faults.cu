@@ -57,8 +57,7 @@ __global__ void poison_context_kernel(volatile int* target) { *target = 1; }
 }  // namespace
 
 void launch_poison_context(Stream s) {
-  poison_context_kernel<<<1, 1, 0, s>>>(nullptr);
-  LILY_CUDA_LAUNCH_CHECK();
+  launch_serial(poison_context_kernel, 1, 1, 0, s, nullptr);
 }
 
 }  // namespace lily::cuda

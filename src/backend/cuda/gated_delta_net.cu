@@ -108,9 +108,8 @@ void launch_conv(const float* mixed, float* window, const float* weight, int64_t
   launch(conv1d_silu_kernel<K>, dim3(col_blocks, tiles), kConvThreads, 0, s, mixed, window,
          weight, C, static_cast<int>(n), single, out);
   if (!single) {
-    conv1d_window_kernel<K><<<col_blocks, kConvThreads, 0, s>>>(mixed, window, C, static_cast<int>(n));
-    count_issued(s);
-    LILY_CUDA_LAUNCH_CHECK();
+    launch_serial(conv1d_window_kernel<K>, col_blocks, kConvThreads, 0, s, mixed, window, C,
+                  static_cast<int>(n));
   }
 }
 

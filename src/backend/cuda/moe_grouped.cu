@@ -111,17 +111,12 @@ void sort_pairs(const int32_t* ids, int64_t pairs, int64_t experts, const SortBu
   LILY_CUDA_CHECK(cudaMemsetAsync(b.counts, 0, static_cast<size_t>(experts) * sizeof(int), s));
   count_issued(s);
   const auto blocks = static_cast<unsigned>((pairs + 255) / 256);
-  moe_histogram_kernel<<<blocks, 256, 0, s>>>(ids, pairs, static_cast<int>(experts), b.counts);
-  count_issued(s);
-  LILY_CUDA_LAUNCH_CHECK();
-  moe_scan_kernel<<<1, 32, 0, s>>>(b.counts, static_cast<int>(experts), kGroupBM, b.offsets, b.tile_off,
-                                   b.cursor);
-  count_issued(s);
-  LILY_CUDA_LAUNCH_CHECK();
-  moe_scatter_kernel<<<blocks, 256, 0, s>>>(ids, pairs, static_cast<int>(experts), b.cursor, b.sorted,
-                                            zero_rows, width);
-  count_issued(s);
-  LILY_CUDA_LAUNCH_CHECK();
+  launch_serial(moe_histogram_kernel, blocks, 256, 0, s, ids, pairs, static_cast<int>(experts),
+                b.counts);
+  launch_serial(moe_scan_kernel, 1, 32, 0, s, b.counts, static_cast<int>(experts), kGroupBM,
+                b.offsets, b.tile_off, b.cursor);
+  launch_serial(moe_scatter_kernel, blocks, 256, 0, s, ids, pairs, static_cast<int>(experts),
+                b.cursor, b.sorted, zero_rows, width);
 }
 
 // ---- grouped GEMM -----------------------------------------------------------------------------
@@ -234,9 +229,7 @@ void launch_grouped(const GroupedParams& p, int64_t pairs, Stream s) {
   const int64_t max_tiles = (pairs + kGroupBM - 1) / kGroupBM + std::min<int64_t>(p.experts, pairs);
   const int64_t col_tiles = SWIGLU ? (p.out + 63) / 64 : (p.out + kBN - 1) / kBN;
   const dim3 grid(static_cast<unsigned>(max_tiles), static_cast<unsigned>(col_tiles));
-  grouped_gemm_kernel<BITS, SWIGLU><<<grid, kThreads, kSmem, s>>>(p);
-  count_issued(s);
-  LILY_CUDA_LAUNCH_CHECK();
+  launch_serial(grouped_gemm_kernel<BITS, SWIGLU>, grid, kThreads, kSmem, s, p);
 }
 
 template <bool SWIGLU>
@@ -332,10 +325,8 @@ void expert_down_combine_grouped(const QuantMatrix& down, const float* h, const 
   gemm(shared_down, 0, H, shared_h, n, sd, ws, s);
 
   const dim3 grid(static_cast<unsigned>(n), static_cast<unsigned>((H + 255) / 256));
-  moe_combine_kernel<<<grid, 256, 0, s>>>(ed, ids, weights, static_cast<int>(k), static_cast<int>(E), sd,
-                                          shared_logit, H, out);
-  count_issued(s);
-  LILY_CUDA_LAUNCH_CHECK();
+  launch_serial(moe_combine_kernel, grid, 256, 0, s, ed, ids, weights, static_cast<int>(k),
+                static_cast<int>(E), sd, shared_logit, H, out);
 }
 
 }  // namespace lily::cuda

@@ -115,9 +115,7 @@ void launch_dense(const DenseParams& p, Stream s) {
   const auto m_tiles = static_cast<unsigned>((p.n + BM - 1) / BM);
   const auto n_tiles = static_cast<unsigned>((p.rows + kBN - 1) / kBN);
   const dim3 grid = p.tokens_fast ? dim3(m_tiles, n_tiles) : dim3(n_tiles, m_tiles);
-  dense_gemm_kernel<BM, BITS><<<grid, kThreads, kSmem, s>>>(p);
-  count_issued(s);
-  LILY_CUDA_LAUNCH_CHECK();
+  launch_serial(dense_gemm_kernel<BM, BITS>, grid, kThreads, kSmem, s, p);
 }
 
 }  // namespace
@@ -126,9 +124,7 @@ void split_act(const float* x, int64_t rows, int64_t K, __nv_bfloat16* dst, Stre
   if (rows <= 0 || K <= 0) return;
   const int64_t items = rows * (K / 64);
   const auto blocks = static_cast<unsigned>(std::min<int64_t>((items + 7) / 8, 8192));  // 8 warps a block
-  split_act_kernel<<<blocks, 256, 0, s>>>(x, rows, K, dst);
-  count_issued(s);
-  LILY_CUDA_LAUNCH_CHECK();
+  launch_serial(split_act_kernel, blocks, 256, 0, s, x, rows, K, dst);
 }
 
 }  // namespace gemm_detail
