@@ -40,18 +40,14 @@ __global__ void __launch_bounds__(D)
   grid_dependency_wait();
   const int h = blockIdx.x;
   const int d = threadIdx.x;
-  const int64_t P = read_position(pos_host, pos_device);
   float* o = out + static_cast<int64_t>(h) * D;
-  if (P < 0 || P >= capacity) {
+  const CombineRange r = combine_range(capacity, G, pos_host, pos_device, splits, h);
+  if (r.valid == 0) {
     o[d] = NAN;
     return;
   }
-  const int64_t keys = P + 1;
-  const int64_t kps = keys_per_split(keys, splits);
-  const int valid = static_cast<int>((keys + kps - 1) / kps);
-  const int unit = h / G;
-  const int g = h % G;
-  auto at = [&](int sp) { return (static_cast<int64_t>(unit) * splits + sp) * G + g; };
+  const int valid = r.valid;
+  auto at = [&](int sp) { return r.at(sp); };
   float mx = kNegInf;
   for (int sp = 0; sp < valid; ++sp) mx = fmaxf(mx, part_ml[at(sp) * 2]);
   float total = 0.0f;

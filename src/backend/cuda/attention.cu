@@ -583,6 +583,27 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
 // round trip a split. So the splits' (m, l) pairs are loaded by as many threads as there are
 // splits, and each thread keeps kCombineBatch value partials in flight, the first batch issued
 // right after the wait, before the weights are known.
+// The partials query head h's combine merges: how many splits hold keys (0 when the position
+// is outside the cache: the output is NaN then) and the index of split sp's partial,
+// o [units, splits, G, D] and ml [units, splits, G, 2] (decode_split_kernel's layout).
+struct CombineRange {
+  int valid, splits, G, unit, g;
+  __device__ __forceinline__ int64_t at(int sp) const {
+    return (static_cast<int64_t>(unit) * splits + sp) * G + g;
+  }
+};
+__device__ __forceinline__ CombineRange combine_range(int64_t capacity, int G, int64_t pos_host,
+                                                      const int32_t* pos_device, int splits,
+                                                      int h) {
+  CombineRange r{0, splits, G, h / G, h % G};
+  const int64_t P = read_position(pos_host, pos_device);
+  if (P < 0 || P >= capacity) return r;
+  const int64_t keys = P + 1;
+  const int64_t kps = keys_per_split(keys, splits);
+  r.valid = static_cast<int>((keys + kps - 1) / kps);
+  return r;
+}
+
 constexpr int kCombineMaxSplits = 512;  // shared memory for the weights: 4 KB
 constexpr int kCombineBatch = 16;       // value partials in flight per thread
 static_assert(kDecodeMaxSplits <= kCombineMaxSplits, "the combine holds every split's weight");
@@ -602,18 +623,14 @@ __global__ void __launch_bounds__(D)
   // before it let this launch start, so it may be read before the wait.
   const float gate = qg[(static_cast<int64_t>(h) * 2 + 1) * D + d];
   grid_dependency_wait();
-  const int64_t P = read_position(pos_host, pos_device);
   float* o = out + static_cast<int64_t>(h) * D;
-  if (P < 0 || P >= capacity) {
+  const CombineRange r = combine_range(capacity, G, pos_host, pos_device, splits, h);
+  if (r.valid == 0) {
     o[d] = NAN;
     return;
   }
-  const int64_t keys = P + 1;
-  const int64_t kps = keys_per_split(keys, splits);
-  const int valid = static_cast<int>((keys + kps - 1) / kps);
-  const int unit = h / G;
-  const int g = h % G;
-  auto at = [&](int sp) { return (static_cast<int64_t>(unit) * splits + sp) * G + g; };
+  const int valid = r.valid;
+  auto at = [&](int sp) { return r.at(sp); };
   float batch[kCombineBatch];
 #pragma unroll
   for (int i = 0; i < kCombineBatch; ++i) batch[i] = i < valid ? part_o[at(i) * D + d] : 0.0f;
