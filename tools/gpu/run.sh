@@ -47,6 +47,12 @@
 #                                    delta_net_layer_lab's the same for the Gated DeltaNet mixer;
 #                                    attention_lab's decode attention + split combine at 131,072
 #                                    keys in a graph, per split count (int8, bf16 and f32 caches; new combine vs the old one, bit for bit)
+#                        timeline    the decode step as it runs (tools/lab/step_trace.cpp, a CUPTI
+#                                    injection library, under `lily bench` at each context of
+#                                    LILY_PROFILE_CONTEXTS, LILY_KV_CACHE's cache): every kernel's
+#                                    start, end and advance in the step, by tools/gpu/step_timeline.py,
+#                                    to timeline-<ctx>.txt / .tsv; the same bench without the library
+#                                    first, to show what the tracing costs
 #   LILY_CONTEXTS      CUDA matrix contexts (default 256,1024,4096,16384,65536,131072)
 #   LILY_KV_CACHE      --kv-cache of the CUDA matrix (default: lily's, f32)
 #   LILY_CPU_CONTEXTS  CPU matrix contexts (default 256,512,1024); LILY_THREADS (default 16)
@@ -97,7 +103,7 @@ if has_stage server || has_stage faults; then
 fi
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_BUILD_TESTS=OFF \
   -DLILY_BUILD_CUDA_TESTS=ON -DLILY_WITH_SERVER=$with_server -DLILY_WITH_CUDA=ON \
-  -DLILY_BUILD_LAB=$(has_stage lab && echo ON || echo OFF) \
+  -DLILY_BUILD_LAB=$({ has_stage lab || has_stage timeline; } && echo ON || echo OFF) \
   -DCMAKE_CUDA_ARCHITECTURES="${LILY_CUDA_ARCHS:-90a}" -DCMAKE_PREFIX_PATH="$deps" \
   -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json" \
   -DGTest_DIR="$deps/lib/x86_64-linux-gnu/cmake/GTest" >"$out/cmake.log" 2>&1
@@ -125,6 +131,29 @@ if has_stage lab; then
   timeout 120 ./build-gpu/moe_layer_lab 2>&1 | tee "$out/moe_layer_lab.txt" || echo "lab: rc $?"
   timeout 120 ./build-gpu/delta_net_layer_lab 2>&1 | tee "$out/delta_net_layer_lab.txt" || echo "lab: rc $?"
   timeout 120 ./build-gpu/attention_lab 2>&1 | tee "$out/attention_lab.txt" || echo "lab: rc $?"
+fi
+
+if has_stage timeline; then
+  # Built on its own: the target exists only where CMake found CUPTI (CMakeLists.txt says so).
+  cmake --build build-gpu --target step_trace >>"$out/cmake.log" 2>&1 ||
+    echo "timeline: step_trace did not build (CUPTI found? see cmake.log)"
+fi
+if has_stage timeline && [ -f build-gpu/libstep_trace.so ]; then
+  ensure_full
+  kv=(); [ -z "${LILY_KV_CACHE:-}" ] || kv=(--kv-cache "$LILY_KV_CACHE")
+  for ctx in ${LILY_PROFILE_CONTEXTS//,/ }; do
+    echo -n "timeline ctx $ctx, no tracing: "
+    timeout 300 "$lily" bench --model "$ckpt" --prompt-len "$ctx" --device cuda "${kv[@]}" \
+      --json-out "$out/timeline-$ctx-untraced.json" 2>&1 | tail -1
+    echo -n "timeline ctx $ctx, traced: "
+    CUDA_INJECTION64_PATH=$PWD/build-gpu/libstep_trace.so LILY_TRACE_OUT=$out/timeline-$ctx.csv \
+      timeout 300 "$lily" bench --model "$ckpt" --prompt-len "$ctx" --device cuda "${kv[@]}" \
+      --json-out "$out/timeline-$ctx-traced.json" 2>&1 | tail -2
+    python3 tools/gpu/step_timeline.py "$out/timeline-$ctx.csv" --per-kernel "$out/timeline-$ctx.tsv" \
+      >"$out/timeline-$ctx.txt" 2>&1 || echo "step_timeline: rc $?"
+    head -40 "$out/timeline-$ctx.txt"
+    gzip -f "$out/timeline-$ctx.csv"
+  done
 fi
 
 if has_stage profile; then
