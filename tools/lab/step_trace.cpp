@@ -112,6 +112,14 @@ void write_records() {
   std::fprintf(stderr, "step_trace: %zu kernels to %s\n", records.size(), path);
 }
 
+// Before a context goes, its records are forced out of CUPTI's buffers: the CUDA runtime may
+// tear the context down at exit before write_records runs.
+void CUPTIAPI on_resource(void*, CUpti_CallbackDomain domain, CUpti_CallbackId id, const void*) {
+  if (domain == CUPTI_CB_DOMAIN_RESOURCE && id == CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING) {
+    cuptiActivityFlushAll(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
+  }
+}
+
 }  // namespace
 
 // The driver's entry point for a library named by CUDA_INJECTION64_PATH.
@@ -128,6 +136,13 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
     report("cuptiActivityEnable(CONCURRENT_KERNEL)", status);
     return 0;
   }
+  CUpti_SubscriberHandle subscriber = nullptr;
+  status = cuptiSubscribe(&subscriber, on_resource, nullptr);
+  if (status == CUPTI_SUCCESS) {
+    status = cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RESOURCE,
+                                 CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING);
+  }
+  if (status != CUPTI_SUCCESS) report("cuptiSubscribe / cuptiEnableCallback (context destroy)", status);
   std::atexit(write_records);
   return 1;
 }
