@@ -35,8 +35,9 @@ constexpr int kReps = 20;
 // waits for the loop's previous one), the reference for decode_combine_kernel's bits and time.
 template <int D>
 __global__ void __launch_bounds__(D)
-    combine_before(const float* qg, int64_t capacity, int G, int64_t pos_host, const int32_t* pos_device,
-                   int splits, const float* part_o, const float* part_ml, float* out) {
+    combine_before(const float* qg, int64_t capacity, int G, int64_t pos_host,
+                   const int32_t* pos_device, int splits, const float* part_o, const float* part_ml,
+                   float* out) {
   grid_dependency_wait();
   const int h = blockIdx.x;
   const int d = threadIdx.x;
@@ -63,8 +64,12 @@ __global__ void __launch_bounds__(D)
 }
 
 enum class Cache { int8, bf16, f32 };
-const char* name(Cache c) { return c == Cache::int8 ? "int8" : c == Cache::bf16 ? "bf16" : "f32"; }
-int element_bytes(Cache c) { return c == Cache::int8 ? 1 : c == Cache::bf16 ? 2 : 4; }
+const char* name(Cache c) {
+  return c == Cache::int8 ? "int8" : c == Cache::bf16 ? "bf16" : "f32";
+}
+int element_bytes(Cache c) {
+  return c == Cache::int8 ? 1 : c == Cache::bf16 ? 2 : 4;
+}
 
 struct Caches {
   void* keys;
@@ -109,16 +114,18 @@ Caches make_caches(Cache type, uint64_t seed) {
 // The int8 kernel's other instances (decode_tc_int8_kernel<stages, chains>): each one's time
 // alone over the 10 layers, and its partials bit for bit against the backend's instance.
 template <int kStages, int kChains>
-void int8_variant(const std::vector<Caches>& caches, int splits, const Stream& s, const float* qg, const float* k,
-                  const float* v, const int32_t* pos, float scale, float* part_o, float* part_ml,
-                  const std::vector<float>& ref) {
+void int8_variant(const std::vector<Caches>& caches, int splits, const Stream& s, const float* qg,
+                  const float* k, const float* v, const int32_t* pos, float scale, float* part_o,
+                  float* part_ml, const std::vector<float>& ref) {
   constexpr size_t smem = t8_smem_bytes(kStages);
   LILY_CUDA_CHECK(cudaFuncSetAttribute(decode_tc_int8_kernel<kStages, kChains>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(smem)));
   auto run_layer = [&](const Caches& c) {
-    launch(decode_tc_int8_kernel<kStages, kChains>, dim3(kKvHeads, static_cast<unsigned>(splits)), kT8Threads, smem,
-           s, qg, k, v, static_cast<int8_t*>(c.keys), static_cast<int8_t*>(c.values), c.key_scales, c.value_scales,
-           kCapacity, kKvHeads, int64_t(-1), pos, splits, scale, part_o, part_ml);
+    launch(decode_tc_int8_kernel<kStages, kChains>, dim3(kKvHeads, static_cast<unsigned>(splits)),
+           kT8Threads, smem, s, qg, k, v, static_cast<int8_t*>(c.keys),
+           static_cast<int8_t*>(c.values), c.key_scales, c.value_scales, kCapacity, kKvHeads,
+           int64_t(-1), pos, splits, scale, part_o, part_ml);
   };
   run_layer(caches[0]);
   LILY_CUDA_CHECK(cudaStreamSynchronize(s.handle));
@@ -128,9 +135,10 @@ void int8_variant(const std::vector<Caches>& caches, int splits, const Stream& s
   cudaGraphExec_t g = capture(s.handle, [&] {
     for (const Caches& c : caches) run_layer(c);
   });
-  std::printf("  int8 kernel <%d stages, %d chain%s> at %d splits: alone %7.2f us/layer, partials %s\n", kStages,
-              kChains, kChains > 1 ? "s" : "", splits, time_graph(g, s.handle, kReps) / kLayers,
-              same ? "bit-identical" : "DIFFER");
+  std::printf(
+      "  int8 kernel <%d stages, %d chain%s> at %d splits: alone %7.2f us/layer, partials %s\n",
+      kStages, kChains, kChains > 1 ? "s" : "", splits, time_graph(g, s.handle, kReps) / kLayers,
+      same ? "bit-identical" : "DIFFER");
   LILY_CUDA_CHECK(cudaGraphExecDestroy(g));
 }
 
@@ -138,7 +146,8 @@ int run() {
   cudaStream_t raw;
   LILY_CUDA_CHECK(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking));
   const Stream s{raw, /*pdl=*/true, /*pdl_launches=*/nullptr};  // PDL on, as the backend on sm_90
-  LILY_CUDA_CHECK(cudaFuncSetAttribute(decode_tc_int8_kernel<>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  LILY_CUDA_CHECK(cudaFuncSetAttribute(decode_tc_int8_kernel<>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(kT8SmemBytes)));
   LILY_CUDA_CHECK(cudaFuncSetAttribute(decode_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(kTcSmemBytes)));
@@ -169,10 +178,10 @@ int run() {
       for (const int splits : {decode_tc_splits(kCapacity, kKvHeads), 64}) {
         // The backend's instance's partials of layer 0, then each instance against them.
         const size_t floats = size_t(kKvHeads) * splits * kTcG * kTcD;
-        launch(decode_tc_int8_kernel<>, dim3(kKvHeads, static_cast<unsigned>(splits)), kT8Threads, kT8SmemBytes, s,
-               qg, k, v, static_cast<int8_t*>(caches[0].keys), static_cast<int8_t*>(caches[0].values),
-               caches[0].key_scales, caches[0].value_scales, kCapacity, kKvHeads, int64_t(-1), pos, splits, scale,
-               part_o, part_ml);
+        launch(decode_tc_int8_kernel<>, dim3(kKvHeads, static_cast<unsigned>(splits)), kT8Threads,
+               kT8SmemBytes, s, qg, k, v, static_cast<int8_t*>(caches[0].keys),
+               static_cast<int8_t*>(caches[0].values), caches[0].key_scales, caches[0].value_scales,
+               kCapacity, kKvHeads, int64_t(-1), pos, splits, scale, part_o, part_ml);
         LILY_CUDA_CHECK(cudaStreamSynchronize(raw));
         std::vector<float> ref(floats);
         LILY_CUDA_CHECK(cudaMemcpy(ref.data(), part_o, floats * 4, cudaMemcpyDeviceToHost));
@@ -185,18 +194,20 @@ int run() {
     }
     auto split_kernel = [&](const Caches& c, int splits) {
       if (type == Cache::int8) {
-        launch(decode_tc_int8_kernel<>, dim3(kKvHeads, static_cast<unsigned>(splits)), kT8Threads, kT8SmemBytes, s, qg, k,
-               v, static_cast<int8_t*>(c.keys), static_cast<int8_t*>(c.values), c.key_scales, c.value_scales,
-               kCapacity, kKvHeads, int64_t(-1), pos, splits, scale, part_o, part_ml);
+        launch(decode_tc_int8_kernel<>, dim3(kKvHeads, static_cast<unsigned>(splits)), kT8Threads,
+               kT8SmemBytes, s, qg, k, v, static_cast<int8_t*>(c.keys),
+               static_cast<int8_t*>(c.values), c.key_scales, c.value_scales, kCapacity, kKvHeads,
+               int64_t(-1), pos, splits, scale, part_o, part_ml);
       } else if (type == Cache::bf16) {
         launch(decode_tc_kernel, dim3(kKvHeads, static_cast<unsigned>(splits)), kTcThreads, kTcSmemBytes, s, qg, k, v,
                static_cast<__nv_bfloat16*>(c.keys), static_cast<__nv_bfloat16*>(c.values), kCapacity, kKvHeads,
                int64_t(-1), pos, splits, scale, part_o, part_ml);
       } else {
-        launch(decode_split_kernel<kTcD, kTcG, float>, dim3(kKvHeads, static_cast<unsigned>(splits)), kDecodeThreads,
-               0, s, qg, k, v, static_cast<float*>(c.keys), static_cast<float*>(c.values),
-               static_cast<const float*>(nullptr), static_cast<const float*>(nullptr), kCapacity, kQHeads, kKvHeads,
-               kTcG, int64_t(-1), pos, splits, scale, part_o, part_ml);
+        launch(decode_split_kernel<kTcD, kTcG, float>,
+               dim3(kKvHeads, static_cast<unsigned>(splits)), kDecodeThreads, 0, s, qg, k, v,
+               static_cast<float*>(c.keys), static_cast<float*>(c.values),
+               static_cast<const float*>(nullptr), static_cast<const float*>(nullptr), kCapacity,
+               kQHeads, kKvHeads, kTcG, int64_t(-1), pos, splits, scale, part_o, part_ml);
       }
     };
     auto combine = [&](int splits) {
@@ -204,13 +215,15 @@ int run() {
              part_o, part_ml, out);
     };
     auto combine_old = [&](int splits) {
-      launch(combine_before<kTcD>, kQHeads, kTcD, 0, s, qg, kCapacity, kTcG, int64_t(-1), pos, splits, part_o,
-             part_ml, out);
+      launch(combine_before<kTcD>, kQHeads, kTcD, 0, s, qg, kCapacity, kTcG, int64_t(-1), pos,
+             splits, part_o, part_ml, out);
     };
     // The backend's own choice first (launch_decode's).
-    const int backend_splits = type == Cache::f32 ? decode_splits(kCapacity) : decode_tc_splits(kCapacity, kKvHeads);
-    std::printf("%s cache, %lld keys, %d layers, %d SMs (backend's split count: %d); us per layer\n", name(type),
-                static_cast<long long>(kPos + 1), kLayers, sm_count(), backend_splits);
+    const int backend_splits =
+        type == Cache::f32 ? decode_splits(kCapacity) : decode_tc_splits(kCapacity, kKvHeads);
+    std::printf(
+        "%s cache, %lld keys, %d layers, %d SMs (backend's split count: %d); us per layer\n",
+        name(type), static_cast<long long>(kPos + 1), kLayers, sm_count(), backend_splits);
     for (int splits : {backend_splits, 32, 48, 56, 64, 66, 80, 96, 128, 132, 198, 264}) {
       if (splits > max_splits) continue;
       // The two combines' outputs over the same partials, bit for bit.
@@ -218,10 +231,12 @@ int run() {
       split_kernel(caches[0], splits);
       combine(splits);
       LILY_CUDA_CHECK(cudaStreamSynchronize(raw));
-      LILY_CUDA_CHECK(cudaMemcpy(bits_new.data(), out, bits_new.size() * 4, cudaMemcpyDeviceToHost));
+      LILY_CUDA_CHECK(
+          cudaMemcpy(bits_new.data(), out, bits_new.size() * 4, cudaMemcpyDeviceToHost));
       combine_old(splits);
       LILY_CUDA_CHECK(cudaStreamSynchronize(raw));
-      LILY_CUDA_CHECK(cudaMemcpy(bits_before.data(), out, bits_before.size() * 4, cudaMemcpyDeviceToHost));
+      LILY_CUDA_CHECK(
+          cudaMemcpy(bits_before.data(), out, bits_before.size() * 4, cudaMemcpyDeviceToHost));
       const bool same = std::memcmp(bits_new.data(), bits_before.data(), bits_new.size() * 4) == 0;
       cudaGraphExec_t both = capture(raw, [&] {
         for (const Caches& c : caches) {
@@ -249,11 +264,14 @@ int run() {
       const float t_alone = time_graph(alone, raw, kReps) / kLayers;
       const float t_merge = time_graph(merges, raw, kReps) / kLayers;
       const float t_merge_old = time_graph(merges_old, raw, kReps) / kLayers;
-      std::printf("  splits %3d: kernel + combine %7.2f (before %7.2f) | kernel alone %7.2f | combine alone %6.2f "
-                  "(before %6.2f) | outputs %s\n",
-                  splits, t_both, t_both_old, t_alone, t_merge, t_merge_old,
-                  same ? "bit-identical" : "DIFFER");
-      for (cudaGraphExec_t g : {both, both_old, alone, merges, merges_old}) LILY_CUDA_CHECK(cudaGraphExecDestroy(g));
+      std::printf(
+          "  splits %3d: kernel + combine %7.2f (before %7.2f) | kernel alone %7.2f | combine "
+          "alone %6.2f "
+          "(before %6.2f) | outputs %s\n",
+          splits, t_both, t_both_old, t_alone, t_merge, t_merge_old,
+          same ? "bit-identical" : "DIFFER");
+      for (cudaGraphExec_t g : {both, both_old, alone, merges, merges_old})
+        LILY_CUDA_CHECK(cudaGraphExecDestroy(g));
     }
     for (Caches& c : caches) {
       cudaFree(c.keys);

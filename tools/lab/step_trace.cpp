@@ -36,7 +36,8 @@ constexpr size_t kBufferBytes = size_t{8} << 20;
 void report(const char* what, CUptiResult status) {
   const char* text = nullptr;
   cuptiGetResultString(status, &text);
-  std::fprintf(stderr, "step_trace: %s failed: %s\n", what, text != nullptr ? text : "unknown CUPTI error");
+  std::fprintf(stderr, "step_trace: %s failed: %s\n", what,
+               text != nullptr ? text : "unknown CUPTI error");
 }
 
 std::string demangled(const char* name) {
@@ -103,9 +104,10 @@ void write_records() {
   const std::lock_guard<std::mutex> lock(records_mutex);
   std::fprintf(f, "start_ns,end_ns,graph_id,graph_node,stream,grid,block,name\n");
   for (const KernelRecord& r : records) {
-    std::fprintf(f, "%llu,%llu,%u,%llu,%u,%dx%dx%d,%dx%dx%d,%s\n", static_cast<unsigned long long>(r.start),
-                 static_cast<unsigned long long>(r.end), r.graph_id, static_cast<unsigned long long>(r.graph_node),
-                 r.stream, r.grid[0], r.grid[1], r.grid[2], r.block[0], r.block[1], r.block[2],
+    std::fprintf(f, "%llu,%llu,%u,%llu,%u,%dx%dx%d,%dx%dx%d,%s\n",
+                 static_cast<unsigned long long>(r.start), static_cast<unsigned long long>(r.end),
+                 r.graph_id, static_cast<unsigned long long>(r.graph_node), r.stream, r.grid[0],
+                 r.grid[1], r.grid[2], r.block[0], r.block[1], r.block[2],
                  csv_field(r.name).c_str());
   }
   std::fclose(f);
@@ -142,7 +144,8 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection() {
     status = cuptiEnableCallback(1, subscriber, CUPTI_CB_DOMAIN_RESOURCE,
                                  CUPTI_CBID_RESOURCE_CONTEXT_DESTROY_STARTING);
   }
-  if (status != CUPTI_SUCCESS) report("cuptiSubscribe / cuptiEnableCallback (context destroy)", status);
+  if (status != CUPTI_SUCCESS)
+    report("cuptiSubscribe / cuptiEnableCallback (context destroy)", status);
   std::atexit(write_records);
   return 1;
 }

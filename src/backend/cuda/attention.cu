@@ -574,15 +574,6 @@ __global__ void __launch_bounds__(kDecodeThreads, 2)
   }
 }
 
-// The split combine: one block per query head, one thread per dim. It merges the valid
-// splits, normalises and applies sigmoid(gate). Its arithmetic is a fixed sequence per dim
-// (max over the splits, weights w = exp(m - max), total = sum w * l and acc = sum w * o, both
-// in split order), so the result does not depend on timing or on the grid. What it must not
-// do is walk the splits with one load in flight at a time: at 128 splits that took 11.7 us a
-// layer (the int8 cache at 131,072 keys, tools/lab/attention_lab.cu on an H100), about one L2
-// round trip a split. So the splits' (m, l) pairs are loaded by as many threads as there are
-// splits, and each thread keeps kCombineBatch value partials in flight, the first batch issued
-// right after the wait, before the weights are known.
 // The partials query head h's combine merges: how many splits hold keys (0 when the position
 // is outside the cache: the output is NaN then) and the index of split sp's partial,
 // o [units, splits, G, D] and ml [units, splits, G, 2] (decode_split_kernel's layout).
@@ -604,6 +595,15 @@ __device__ __forceinline__ CombineRange combine_range(int64_t capacity, int G, i
   return r;
 }
 
+// The split combine: one block per query head, one thread per dim. It merges the valid
+// splits, normalises and applies sigmoid(gate). Its arithmetic is a fixed sequence per dim
+// (max over the splits, weights w = exp(m - max), total = sum w * l and acc = sum w * o, both
+// in split order), so the result does not depend on timing or on the grid. What it must not
+// do is walk the splits with one load in flight at a time: at 128 splits that took 11.7 us a
+// layer (the int8 cache at 131,072 keys, tools/lab/attention_lab.cu on an H100), about one L2
+// round trip a split. So the splits' (m, l) pairs are loaded by as many threads as there are
+// splits, and each thread keeps kCombineBatch value partials in flight, the first batch issued
+// right after the wait, before the weights are known.
 constexpr int kCombineMaxSplits = 512;  // shared memory for the weights: 4 KB
 constexpr int kCombineBatch = 16;       // value partials in flight per thread
 static_assert(kDecodeMaxSplits <= kCombineMaxSplits, "the combine holds every split's weight");
@@ -642,7 +642,8 @@ __global__ void __launch_bounds__(D)
     m_own = fmaxf(m_own, m);
   }
 #pragma unroll
-  for (int off = 16; off > 0; off >>= 1) m_own = fmaxf(m_own, __shfl_xor_sync(0xffffffffu, m_own, off));
+  for (int off = 16; off > 0; off >>= 1)
+    m_own = fmaxf(m_own, __shfl_xor_sync(0xffffffffu, m_own, off));
   if (d % 32 == 0) warp_max[d / 32] = m_own;
   __syncthreads();
   float mx = warp_max[0];  // a max is exact in any order
@@ -959,9 +960,10 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 
 // ============================== decode on tensor cores, int8 cache =========================
 // The model's shape (head_dim 256, 8 query heads per KV head) over an int8 cache, grid
-// (kv_heads, splits), kT8Threads threads, one block an SM (decode_tc_splits). The cache rows are int8 codes with an
-// f32 scale per (token, kv head) row; the new row P is quantised by the block whose split holds
-// it (quantize_row_warp, as store_int8_rows_kernel writes the prefill's rows).
+// (kv_heads, splits), kT8Threads threads, one block an SM (decode_tc_splits). The cache rows
+// are int8 codes with an f32 scale per (token, kv head) row; the new row P is quantised by the
+// block whose split holds it (quantize_row_warp, as store_int8_rows_kernel writes the
+// prefill's rows).
 //   S = Q K^T on mma.sync m16n8k32 s8 x s8 -> s32, exact: the 16 rows are the 8 heads' query
 //   codes in two planes, q = s_q (hi + lo / 256) with s_q = max |q| / 127 of the head (the
 //   planes keep about 15 bits of q where bf16 hi + lo keeps 16); N = 8 keys per n-tile, K = 256
@@ -1167,7 +1169,8 @@ __global__ void __launch_bounds__(kT8Threads, 2)
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) sc[n][i] = kChains == 2 ? chain[0][n][i] + chain[kChains - 1][n][i] : chain[0][n][i];
+      for (int i = 0; i < 4; ++i)
+        sc[n][i] = kChains == 2 ? chain[0][n][i] + chain[kChains - 1][n][i] : chain[0][n][i];
     }
     const int64_t first = begin + tile * kTcKeys;
     const int key_of[4] = {2 * t, 2 * t + 1, 8 + 2 * t, 9 + 2 * t};
@@ -1556,7 +1559,8 @@ AttentionPath launch_decode(const float* qg, const float* k, const float* v, con
   const bool int8_tensor_cores = kInt8Tc && int8_row_in_decode_kernel(D, a);
   const bool tensor_cores =
       int8_tensor_cores || (G == kTcG && kTensorCoreDecode<D, kTcG, KV> && tensor_core_decode_attention_fits());
-  const int splits = tensor_cores ? decode_tc_splits(capacity, a.kv_heads) : decode_splits(capacity);
+  const int splits =
+      tensor_cores ? decode_tc_splits(capacity, a.kv_heads) : decode_splits(capacity);
   const size_t o_floats = static_cast<size_t>(a.q_heads) * splits * D;
   const size_t ml_floats = static_cast<size_t>(a.q_heads) * splits * 2;
   auto* part_o = static_cast<float*>(ws.get(kWsAttention, (o_floats + ml_floats) * sizeof(float)));
@@ -1585,9 +1589,10 @@ AttentionPath launch_decode(const float* qg, const float* k, const float* v, con
                                              static_cast<int>(kT8SmemBytes)));
         configured = true;
       }
-      launch(decode_tc_int8_kernel<>, dim3(static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(splits)),
-             kT8Threads, kT8SmemBytes, s, qg, k, v, k_cache, v_cache, c.key_scales, c.value_scales,
-             capacity, a.kv_heads, pos_host, pos_device, splits, scale, part_o, part_ml);
+      launch(decode_tc_int8_kernel<>,
+             dim3(static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(splits)), kT8Threads,
+             kT8SmemBytes, s, qg, k, v, k_cache, v_cache, c.key_scales, c.value_scales, capacity,
+             a.kv_heads, pos_host, pos_device, splits, scale, part_o, part_ml);
     }
   }
   if (!tensor_cores) {
