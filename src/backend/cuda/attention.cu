@@ -1624,10 +1624,8 @@ AttentionPath launch_decode(const float* qg, const float* k, const float* v, con
 // The prefill's new rows into the caches: a device copy for f32, a rounding kernel for bf16.
 void store_rows(const float* k, const float* v, float* k_dst, float* v_dst, size_t count,
                 Stream s) {
-  LILY_CUDA_CHECK(cudaMemcpyAsync(k_dst, k, count * sizeof(float), cudaMemcpyDeviceToDevice, s));
-  count_issued(s);
-  LILY_CUDA_CHECK(cudaMemcpyAsync(v_dst, v, count * sizeof(float), cudaMemcpyDeviceToDevice, s));
-  count_issued(s);
+  copy_async(k_dst, k, count * sizeof(float), cudaMemcpyDeviceToDevice, s);
+  copy_async(v_dst, v, count * sizeof(float), cudaMemcpyDeviceToDevice, s);
 }
 void store_rows(const float* k, const float* v, __nv_bfloat16* k_dst, __nv_bfloat16* v_dst,
                 size_t count, Stream s) {

@@ -246,23 +246,13 @@ void CudaBackend::lose_device(FaultSite /*site*/) {
   cuda::launch_poison_context(launch_);
 }
 
-void CudaBackend::stream_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind) {
-  LILY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream_));
-  order_.issued_other();
-}
-
-void CudaBackend::stream_zero(void* dst, size_t bytes) {
-  LILY_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
-  order_.issued_other();
-}
-
 void* CudaBackend::device_alloc(size_t bytes) {
   require(!capturing(), "alloc", "no allocation during graph capture");
   void* ptr = malloc_or_explain(round_up(std::max<size_t>(bytes, 1)), "a buffer");
   allocations_.push_back(ptr);
   allocated_ += round_up(std::max<size_t>(bytes, 1));
   // Zero-filled, as the contract says; synchronous, but allocation only happens at set-up.
-  stream_zero(ptr, round_up(std::max<size_t>(bytes, 1)));
+  cuda::zero_async(ptr, round_up(std::max<size_t>(bytes, 1)), launch_);
   LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
   return ptr;
 }
@@ -292,9 +282,9 @@ KvCacheView CudaBackend::alloc_kv_cache(size_t count, KvDtype dtype, int64_t hea
 
 void CudaBackend::zero_kv_cache(const KvCacheView& cache, size_t count) {
   require(cache.data != nullptr, "zero_kv_cache", "null cache");
-  stream_zero(cache.data, count * kv_dtype_bytes(cache.dtype));
+  cuda::zero_async(cache.data, count * kv_dtype_bytes(cache.dtype), launch_);
   if (const size_t sb = cache.scale_count(count) * sizeof(float)) {
-    stream_zero(cache.scales, sb);
+    cuda::zero_async(cache.scales, sb, launch_);
   }
 }
 
@@ -302,9 +292,10 @@ void CudaBackend::zero_kv_cache(const KvCacheView& cache, size_t count) {
 void CudaBackend::copy_kv_to_host(const KvCacheView& cache, size_t count, void* host_dst) {
   require(cache.data != nullptr && host_dst != nullptr, "copy_kv_to_host", "null buffers");
   const size_t eb = count * kv_dtype_bytes(cache.dtype);
-  stream_copy(host_dst, cache.data, eb, cudaMemcpyDeviceToHost);
+  cuda::copy_async(host_dst, cache.data, eb, cudaMemcpyDeviceToHost, launch_);
   if (const size_t sb = cache.scale_count(count) * sizeof(float)) {
-    stream_copy(static_cast<char*>(host_dst) + eb, cache.scales, sb, cudaMemcpyDeviceToHost);
+    cuda::copy_async(static_cast<char*>(host_dst) + eb, cache.scales, sb, cudaMemcpyDeviceToHost,
+                     launch_);
   }
   LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
@@ -312,36 +303,37 @@ void CudaBackend::copy_kv_to_host(const KvCacheView& cache, size_t count, void* 
 void CudaBackend::copy_kv_from_host(const void* host_src, size_t count, const KvCacheView& cache) {
   require(cache.data != nullptr && host_src != nullptr, "copy_kv_from_host", "null buffers");
   const size_t eb = count * kv_dtype_bytes(cache.dtype);
-  stream_copy(cache.data, host_src, eb, cudaMemcpyHostToDevice);
+  cuda::copy_async(cache.data, host_src, eb, cudaMemcpyHostToDevice, launch_);
   if (const size_t sb = cache.scale_count(count) * sizeof(float)) {
-    stream_copy(cache.scales, static_cast<const char*>(host_src) + eb, sb, cudaMemcpyHostToDevice);
+    cuda::copy_async(cache.scales, static_cast<const char*>(host_src) + eb, sb,
+                     cudaMemcpyHostToDevice, launch_);
   }
   LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void CudaBackend::zero(float* buffer, size_t count) {
-  stream_zero(buffer, count * sizeof(float));
+  cuda::zero_async(buffer, count * sizeof(float), launch_);
 }
 
 void CudaBackend::copy_to_host(const float* src, size_t count, float* host_dst) {
-  stream_copy(host_dst, src, count * 4, cudaMemcpyDeviceToHost);
+  cuda::copy_async(host_dst, src, count * 4, cudaMemcpyDeviceToHost, launch_);
   LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 void CudaBackend::copy_to_host_i32(const int32_t* src, size_t count, int32_t* host_dst) {
-  stream_copy(host_dst, src, count * 4, cudaMemcpyDeviceToHost);
+  cuda::copy_async(host_dst, src, count * 4, cudaMemcpyDeviceToHost, launch_);
   LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 // Host sources may be reused as soon as these return, so they wait for the transfer.
 void CudaBackend::copy_from_host(const int32_t* host_src, size_t count, int32_t* dst) {
-  stream_copy(dst, host_src, count * 4, cudaMemcpyHostToDevice);
+  cuda::copy_async(dst, host_src, count * 4, cudaMemcpyHostToDevice, launch_);
   LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 void CudaBackend::copy_from_host(const float* host_src, size_t count, float* dst) {
-  stream_copy(dst, host_src, count * 4, cudaMemcpyHostToDevice);
+  cuda::copy_async(dst, host_src, count * 4, cudaMemcpyHostToDevice, launch_);
   LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 void CudaBackend::copy(const float* src, size_t count, float* dst) {
-  stream_copy(dst, src, count * 4, cudaMemcpyDeviceToDevice);
+  cuda::copy_async(dst, src, count * 4, cudaMemcpyDeviceToDevice, launch_);
 }
 void CudaBackend::add_i32(int32_t* value, int32_t delta) {
   cuda::launch(add_i32_kernel, 1, 1, 0, launch_, value, delta);
@@ -349,7 +341,7 @@ void CudaBackend::add_i32(int32_t* value, int32_t delta) {
 
 void CudaBackend::read_async(const int32_t* src, int slot) {
   require(slot == 0 || slot == 1, "read_async", "slot must be 0 or 1");
-  stream_copy(pinned_reads_ + slot, src, sizeof(int32_t), cudaMemcpyDeviceToHost);
+  cuda::copy_async(pinned_reads_ + slot, src, sizeof(int32_t), cudaMemcpyDeviceToHost, launch_);
   LILY_CUDA_CHECK(cudaEventRecord(read_events_[slot], stream_));
 }
 
@@ -363,8 +355,8 @@ void CudaBackend::read_words_async(const int32_t* src, int64_t count, int slot) 
   require(slot == 0 || slot == 1, "read_words_async", "slot must be 0 or 1");
   require(src != nullptr && count >= 1 && count <= TokenRecordLayout::kWords, "read_words_async",
           "needs a source and 1.." + std::to_string(TokenRecordLayout::kWords) + " words");
-  stream_copy(pinned_words_ + slot * TokenRecordLayout::kWords, src,
-              static_cast<size_t>(count) * sizeof(int32_t), cudaMemcpyDeviceToHost);
+  cuda::copy_async(pinned_words_ + slot * TokenRecordLayout::kWords, src,
+                   static_cast<size_t>(count) * sizeof(int32_t), cudaMemcpyDeviceToHost, launch_);
   LILY_CUDA_CHECK(cudaEventRecord(word_events_[slot], stream_));
 }
 
@@ -484,7 +476,7 @@ std::string weight_key(const void* a, const void* b, const void* c, uint64_t sha
 // partly written weight. (Never inside a graph capture: device_alloc refuses first.)
 void CudaBackend::upload_weight(void* dst, const void* host_src, size_t bytes) {
   // Pageable, possibly unaligned mapped memory: the driver stages it.
-  stream_copy(dst, host_src, bytes, cudaMemcpyHostToDevice);
+  cuda::copy_async(dst, host_src, bytes, cudaMemcpyHostToDevice, launch_);
   LILY_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 

@@ -161,9 +161,6 @@ class CudaBackend final : public Backend {
   void lose_device(FaultSite site) override;
   bool capturing() const;
   void* device_alloc(size_t bytes);
-  // An asynchronous copy or memset on stream_, counted as a stream operation (order_).
-  void stream_copy(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
-  void stream_zero(void* dst, size_t bytes);
   // options_.fused_conv: gated_delta_net_mixer with n == 1 runs the conv inside the delta
   // rule's launch and shifts the window in the output projection's (cuda::gated_delta_step,
   // cuda::WindowShift): one launch fewer per Gated DeltaNet layer.

@@ -113,10 +113,22 @@ void launch_serial(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shar
   launch_on(kernel, grid, block, shared_bytes, stream, false, args...);
 }
 
-// A stream operation that is not a kernel launch (a copy, a memset, a graph launch): counted
-// in stream.issued as the launches count themselves (LaunchOrder).
+// A stream operation that is not a kernel launch: counted in stream.issued as the launches
+// count themselves (LaunchOrder).
 inline void count_issued(const Stream& stream) {
   if (stream.issued != nullptr) ++*stream.issued;
+}
+
+// An asynchronous copy or memset on `stream`, counted (the backend's and the kernel files' one
+// way to issue them, so that none is left out of LaunchOrder's count).
+inline void copy_async(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind,
+                       const Stream& stream) {
+  LILY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, stream.handle));
+  count_issued(stream);
+}
+inline void zero_async(void* dst, size_t bytes, const Stream& stream) {
+  LILY_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream.handle));
+  count_issued(stream);
 }
 
 // An attribute of the current device, e.g. cudaDevAttrMultiProcessorCount (callers cache it:

@@ -108,8 +108,7 @@ __global__ void moe_scatter_kernel(const int32_t* __restrict__ ids, int64_t pair
 
 void sort_pairs(const int32_t* ids, int64_t pairs, int64_t experts, const SortBuffers& b, float* zero_rows,
                 int64_t width, Stream s) {
-  LILY_CUDA_CHECK(cudaMemsetAsync(b.counts, 0, static_cast<size_t>(experts) * sizeof(int), s));
-  count_issued(s);
+  zero_async(b.counts, static_cast<size_t>(experts) * sizeof(int), s);
   const auto blocks = static_cast<unsigned>((pairs + 255) / 256);
   launch_serial(moe_histogram_kernel, blocks, 256, 0, s, ids, pairs, static_cast<int>(experts),
                 b.counts);
