@@ -46,7 +46,9 @@
 #                                    op path vs persistent MoE block per layer, and its timeline;
 #                                    delta_net_layer_lab's the same for the Gated DeltaNet mixer;
 #                                    attention_lab's decode attention + split combine at 131,072
-#                                    keys in a graph, per split count (int8, bf16 and f32 caches; new combine vs the old one, bit for bit)
+#                                    keys in a graph, per split count (int8, bf16 and f32 caches;
+#                                    the combine against its old form, bit for bit; the int8
+#                                    kernel's instances)
 #                        timeline    the decode step as it runs (tools/lab/step_trace.cpp, a CUPTI
 #                                    injection library, under `lily bench` at each context of
 #                                    LILY_PROFILE_CONTEXTS, LILY_KV_CACHE's cache): every kernel's
@@ -135,25 +137,25 @@ fi
 
 if has_stage timeline; then
   # Built on its own: the target exists only where CMake found CUPTI (CMakeLists.txt says so).
-  cmake --build build-gpu --target step_trace >>"$out/cmake.log" 2>&1 ||
+  if ! cmake --build build-gpu --target step_trace >>"$out/cmake.log" 2>&1; then
     echo "timeline: step_trace did not build (CUPTI found? see cmake.log)"
-fi
-if has_stage timeline && [ -f build-gpu/libstep_trace.so ]; then
-  ensure_full
-  kv=(); [ -z "${LILY_KV_CACHE:-}" ] || kv=(--kv-cache "$LILY_KV_CACHE")
-  for ctx in ${LILY_PROFILE_CONTEXTS//,/ }; do
-    echo -n "timeline ctx $ctx, no tracing: "
-    timeout 300 "$lily" bench --model "$ckpt" --prompt-len "$ctx" --device cuda "${kv[@]}" \
-      --json-out "$out/timeline-$ctx-untraced.json" 2>&1 | tail -1
-    echo -n "timeline ctx $ctx, traced: "
-    CUDA_INJECTION64_PATH=$PWD/build-gpu/libstep_trace.so LILY_TRACE_OUT=$out/timeline-$ctx.csv \
+  else
+    ensure_full
+    kv=(); [ -z "${LILY_KV_CACHE:-}" ] || kv=(--kv-cache "$LILY_KV_CACHE")
+    for ctx in ${LILY_PROFILE_CONTEXTS//,/ }; do
+      echo -n "timeline ctx $ctx, no tracing: "
       timeout 300 "$lily" bench --model "$ckpt" --prompt-len "$ctx" --device cuda "${kv[@]}" \
-      --json-out "$out/timeline-$ctx-traced.json" 2>&1 | tail -2
-    python3 tools/gpu/step_timeline.py "$out/timeline-$ctx.csv" --per-kernel "$out/timeline-$ctx.tsv" \
-      >"$out/timeline-$ctx.txt" 2>&1 || echo "step_timeline: rc $?"
-    head -40 "$out/timeline-$ctx.txt"
-    gzip -f "$out/timeline-$ctx.csv"
-  done
+        --json-out "$out/timeline-$ctx-untraced.json" 2>&1 | tail -1
+      echo -n "timeline ctx $ctx, traced: "
+      CUDA_INJECTION64_PATH=$PWD/build-gpu/libstep_trace.so LILY_TRACE_OUT=$out/timeline-$ctx.csv \
+        timeout 300 "$lily" bench --model "$ckpt" --prompt-len "$ctx" --device cuda "${kv[@]}" \
+        --json-out "$out/timeline-$ctx-traced.json" 2>&1 | tail -2
+      python3 tools/gpu/step_timeline.py "$out/timeline-$ctx.csv" --per-kernel "$out/timeline-$ctx.tsv" \
+        >"$out/timeline-$ctx.txt" 2>&1 || echo "step_timeline: rc $?"
+      head -40 "$out/timeline-$ctx.txt"
+      [ ! -f "$out/timeline-$ctx.csv" ] || gzip -f "$out/timeline-$ctx.csv"
+    done
+  fi
 fi
 
 if has_stage profile; then

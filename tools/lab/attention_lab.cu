@@ -93,12 +93,14 @@ Caches make_caches(Cache type, uint64_t seed) {
   Caches c{};
   c.keys = dev<uint32_t>(bytes / 4);
   c.values = dev<uint32_t>(bytes / 4);
-  fill_words<<<1024, 256>>>(static_cast<uint32_t*>(c.keys), bytes / 4, seed);
-  fill_words<<<1024, 256>>>(static_cast<uint32_t*>(c.values), bytes / 4, seed + 1);
   if (type == Cache::f32) {
     fill_f32<<<1024, 256>>>(static_cast<float*>(c.keys), elements, -1.0f, 0.02f);
     fill_f32<<<1024, 256>>>(static_cast<float*>(c.values), elements, -0.9f, 0.019f);
-  } else if (!int8) {
+    return c;
+  }
+  fill_words<<<1024, 256>>>(static_cast<uint32_t*>(c.keys), bytes / 4, seed);
+  fill_words<<<1024, 256>>>(static_cast<uint32_t*>(c.values), bytes / 4, seed + 1);
+  if (!int8) {
     // Random bits are random bf16 values, NaNs and infinities among them: keep them finite.
     finite_bf16<<<1024, 256>>>(static_cast<uint32_t*>(c.keys), bytes / 4);
     finite_bf16<<<1024, 256>>>(static_cast<uint32_t*>(c.values), bytes / 4);
@@ -111,12 +113,14 @@ Caches make_caches(Cache type, uint64_t seed) {
   return c;
 }
 
-// The int8 kernel's other instances (decode_tc_int8_kernel<stages, chains>): each one's time
-// alone over the 10 layers, and its partials bit for bit against the backend's instance.
+// An instance of the int8 kernel (decode_tc_int8_kernel<stages, chains>): its time alone over
+// the 10 layers at `splits`, and its partials of layer 0, which it compares bit for bit with
+// `ref` (the backend's instance's; nullptr when it is the backend's instance).
 template <int kStages, int kChains>
-void int8_variant(const std::vector<Caches>& caches, int splits, const Stream& s, const float* qg,
-                  const float* k, const float* v, const int32_t* pos, float scale, float* part_o,
-                  float* part_ml, const std::vector<float>& ref) {
+std::vector<float> int8_variant(const std::vector<Caches>& caches, int splits, const Stream& s,
+                                const float* qg, const float* k, const float* v, const int32_t* pos,
+                                float scale, float* part_o, float* part_ml,
+                                const std::vector<float>* ref) {
   constexpr size_t smem = t8_smem_bytes(kStages);
   LILY_CUDA_CHECK(cudaFuncSetAttribute(decode_tc_int8_kernel<kStages, kChains>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -129,17 +133,20 @@ void int8_variant(const std::vector<Caches>& caches, int splits, const Stream& s
   };
   run_layer(caches[0]);
   LILY_CUDA_CHECK(cudaStreamSynchronize(s.handle));
-  std::vector<float> got(ref.size());
+  std::vector<float> got(size_t(kKvHeads) * splits * kTcG * kTcD);
   LILY_CUDA_CHECK(cudaMemcpy(got.data(), part_o, got.size() * 4, cudaMemcpyDeviceToHost));
-  const bool same = std::memcmp(got.data(), ref.data(), got.size() * 4) == 0;
+  const char* bits = ref == nullptr ? "the reference (the backend's instance)"
+                     : std::memcmp(got.data(), ref->data(), got.size() * 4) == 0 ? "bit-identical"
+                                                                                 : "DIFFER";
   cudaGraphExec_t g = capture(s.handle, [&] {
     for (const Caches& c : caches) run_layer(c);
   });
   std::printf(
       "  int8 kernel <%d stages, %d chain%s> at %d splits: alone %7.2f us/layer, partials %s\n",
       kStages, kChains, kChains > 1 ? "s" : "", splits, time_graph(g, s.handle, kReps) / kLayers,
-      same ? "bit-identical" : "DIFFER");
+      bits);
   LILY_CUDA_CHECK(cudaGraphExecDestroy(g));
+  return got;
 }
 
 int run() {
@@ -176,20 +183,12 @@ int run() {
     LILY_CUDA_CHECK(cudaDeviceSynchronize());
     if (int8) {
       for (const int splits : {decode_tc_splits(kCapacity, kKvHeads), 64}) {
-        // The backend's instance's partials of layer 0, then each instance against them.
-        const size_t floats = size_t(kKvHeads) * splits * kTcG * kTcD;
-        launch(decode_tc_int8_kernel<>, dim3(kKvHeads, static_cast<unsigned>(splits)), kT8Threads,
-               kT8SmemBytes, s, qg, k, v, static_cast<int8_t*>(caches[0].keys),
-               static_cast<int8_t*>(caches[0].values), caches[0].key_scales, caches[0].value_scales,
-               kCapacity, kKvHeads, int64_t(-1), pos, splits, scale, part_o, part_ml);
-        LILY_CUDA_CHECK(cudaStreamSynchronize(raw));
-        std::vector<float> ref(floats);
-        LILY_CUDA_CHECK(cudaMemcpy(ref.data(), part_o, floats * 4, cudaMemcpyDeviceToHost));
-        int8_variant<kTcStages, 1>(caches, splits, s, qg, k, v, pos, scale, part_o, part_ml, ref);
-        int8_variant<3, 1>(caches, splits, s, qg, k, v, pos, scale, part_o, part_ml, ref);
-        int8_variant<kTcStages, 2>(caches, splits, s, qg, k, v, pos, scale, part_o, part_ml, ref);
-        int8_variant<3, 2>(caches, splits, s, qg, k, v, pos, scale, part_o, part_ml, ref);
-        int8_variant<4, 2>(caches, splits, s, qg, k, v, pos, scale, part_o, part_ml, ref);
+        const std::vector<float> ref = int8_variant<kTcStages, 1>(caches, splits, s, qg, k, v, pos,
+                                                                  scale, part_o, part_ml, nullptr);
+        int8_variant<3, 1>(caches, splits, s, qg, k, v, pos, scale, part_o, part_ml, &ref);
+        int8_variant<kTcStages, 2>(caches, splits, s, qg, k, v, pos, scale, part_o, part_ml, &ref);
+        int8_variant<3, 2>(caches, splits, s, qg, k, v, pos, scale, part_o, part_ml, &ref);
+        int8_variant<4, 2>(caches, splits, s, qg, k, v, pos, scale, part_o, part_ml, &ref);
       }
     }
     auto split_kernel = [&](const Caches& c, int splits) {
@@ -265,9 +264,8 @@ int run() {
       const float t_merge = time_graph(merges, raw, kReps) / kLayers;
       const float t_merge_old = time_graph(merges_old, raw, kReps) / kLayers;
       std::printf(
-          "  splits %3d: kernel + combine %7.2f (before %7.2f) | kernel alone %7.2f | combine "
-          "alone %6.2f "
-          "(before %6.2f) | outputs %s\n",
+          "  splits %3d: kernel + combine %7.2f (before %7.2f) | kernel alone %7.2f | "
+          "combine alone %6.2f (before %6.2f) | outputs %s\n",
           splits, t_both, t_both_old, t_alone, t_merge, t_merge_old,
           same ? "bit-identical" : "DIFFER");
       for (cudaGraphExec_t g : {both, both_old, alone, merges, merges_old})
