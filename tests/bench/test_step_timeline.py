@@ -54,7 +54,7 @@ class StepTimeline(unittest.TestCase):
             r = run(trace, "--skip", "2", "--per-kernel", tsv)
             self.assertEqual(r.returncode, 0, r.stderr)
             self.assertIn("10 replays of 3 kernels; 8 used", r.stdout)
-            self.assertIn("median 5.0 us (200.0 steps/s)", r.stdout)
+            self.assertIn("median 5.0 us (200000.0 steps/s)", r.stdout)
             with open(tsv) as f:
                 rows = list(csv.DictReader(f, delimiter="\t"))
             self.assertEqual([row["kernel"] for row in rows],

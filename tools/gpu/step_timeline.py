@@ -100,7 +100,7 @@ def main():
     span = statistics.median(spans) / 1e3
     print(f"graph {graph}: {len(steps)} replays of {kernels} kernels; {len(spans)} used")
     print(f"step (last kernel's end to the next step's): median {span:.1f} us "
-          f"({1e3 / span:.1f} steps/s), min {min(spans) / 1e3:.1f}, max {max(spans) / 1e3:.1f}")
+          f"({1e6 / span:.1f} steps/s), min {min(spans) / 1e3:.1f}, max {max(spans) / 1e3:.1f}")
 
     def med(j, key):
         return statistics.median(per_pos[j][key]) / 1e3
