@@ -1,8 +1,7 @@
 // Kernel lab (not a test, not built by default): the one-token decode attention at 131,072 keys
 // as a step runs it (per layer the split kernel, then the split combine, launched with
 // programmatic dependent launch inside a CUDA graph over 10 layers, each with its own cache),
-// for several split counts, on the int8 cache (decode_tc_int8_kernel, and first its instances
-// with more tiles in flight or two chains of score k-steps, alone), the bf16 cache
+// for several split counts, on the int8 cache (decode_tc_int8_kernel), the bf16 cache
 // (decode_tc_kernel) and the f32 cache (decode_split_kernel, CUDA cores). It prints, per layer:
 // split kernel + combine, split kernel alone, the combine alone over the partials, and the same
 // for the combine as it was before it batched its loads (commit 864d86c, kept here to compare),
@@ -113,47 +112,11 @@ Caches make_caches(Cache type, uint64_t seed) {
   return c;
 }
 
-// An instance of the int8 kernel (decode_tc_int8_kernel<stages, chains>): its time alone over
-// the 10 layers at `splits`, and its partials of layer 0, which it compares bit for bit with
-// `ref` (the backend's instance's; nullptr when it is the backend's instance).
-template <int kStages, int kChains>
-std::vector<float> int8_variant(const std::vector<Caches>& caches, int splits, const Stream& s,
-                                const float* qg, const float* k, const float* v, const int32_t* pos,
-                                float scale, float* part_o, float* part_ml,
-                                const std::vector<float>* ref) {
-  constexpr size_t smem = t8_smem_bytes(kStages);
-  LILY_CUDA_CHECK(cudaFuncSetAttribute(decode_tc_int8_kernel<kStages, kChains>,
-                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       static_cast<int>(smem)));
-  auto run_layer = [&](const Caches& c) {
-    launch(decode_tc_int8_kernel<kStages, kChains>, dim3(kKvHeads, static_cast<unsigned>(splits)),
-           kT8Threads, smem, s, qg, k, v, static_cast<int8_t*>(c.keys),
-           static_cast<int8_t*>(c.values), c.key_scales, c.value_scales, kCapacity, kKvHeads,
-           int64_t(-1), pos, splits, scale, part_o, part_ml);
-  };
-  run_layer(caches[0]);
-  LILY_CUDA_CHECK(cudaStreamSynchronize(s.handle));
-  std::vector<float> got(size_t(kKvHeads) * splits * kTcG * kTcD);
-  LILY_CUDA_CHECK(cudaMemcpy(got.data(), part_o, got.size() * 4, cudaMemcpyDeviceToHost));
-  const char* bits = ref == nullptr ? "the reference (the backend's instance)"
-                     : std::memcmp(got.data(), ref->data(), got.size() * 4) == 0 ? "bit-identical"
-                                                                                 : "DIFFER";
-  cudaGraphExec_t g = capture(s.handle, [&] {
-    for (const Caches& c : caches) run_layer(c);
-  });
-  std::printf(
-      "  int8 kernel <%d stages, %d chain%s> at %d splits: alone %7.2f us/layer, partials %s\n",
-      kStages, kChains, kChains > 1 ? "s" : "", splits, time_graph(g, s.handle, kReps) / kLayers,
-      bits);
-  LILY_CUDA_CHECK(cudaGraphExecDestroy(g));
-  return got;
-}
-
 int run() {
   cudaStream_t raw;
   LILY_CUDA_CHECK(cudaStreamCreateWithFlags(&raw, cudaStreamNonBlocking));
   const Stream s{raw, /*pdl=*/true, /*pdl_launches=*/nullptr};  // PDL on, as the backend on sm_90
-  LILY_CUDA_CHECK(cudaFuncSetAttribute(decode_tc_int8_kernel<>,
+  LILY_CUDA_CHECK(cudaFuncSetAttribute(decode_tc_int8_kernel,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
                                        static_cast<int>(kT8SmemBytes)));
   LILY_CUDA_CHECK(cudaFuncSetAttribute(decode_tc_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -181,19 +144,9 @@ int run() {
       caches.push_back(make_caches(type, 7919u * uint64_t(l + 1)));
     }
     LILY_CUDA_CHECK(cudaDeviceSynchronize());
-    if (int8) {
-      for (const int splits : {decode_tc_splits(kCapacity, kKvHeads), 64}) {
-        const std::vector<float> ref = int8_variant<kTcStages, 1>(caches, splits, s, qg, k, v, pos,
-                                                                  scale, part_o, part_ml, nullptr);
-        int8_variant<3, 1>(caches, splits, s, qg, k, v, pos, scale, part_o, part_ml, &ref);
-        int8_variant<kTcStages, 2>(caches, splits, s, qg, k, v, pos, scale, part_o, part_ml, &ref);
-        int8_variant<3, 2>(caches, splits, s, qg, k, v, pos, scale, part_o, part_ml, &ref);
-        int8_variant<4, 2>(caches, splits, s, qg, k, v, pos, scale, part_o, part_ml, &ref);
-      }
-    }
     auto split_kernel = [&](const Caches& c, int splits) {
       if (type == Cache::int8) {
-        launch(decode_tc_int8_kernel<>, dim3(kKvHeads, static_cast<unsigned>(splits)), kT8Threads,
+        launch(decode_tc_int8_kernel, dim3(kKvHeads, static_cast<unsigned>(splits)), kT8Threads,
                kT8SmemBytes, s, qg, k, v, static_cast<int8_t*>(c.keys),
                static_cast<int8_t*>(c.values), c.key_scales, c.value_scales, kCapacity, kKvHeads,
                int64_t(-1), pos, splits, scale, part_o, part_ml);

@@ -984,12 +984,8 @@ constexpr int kT8ScaleBytes = 2 * kTcKeys * 4;  // the tile's 16 key and 16 valu
 constexpr int kT8StageBytes = kTcKeys * (kT8KStride + kT8VStride) + kT8ScaleBytes;
 constexpr int kT8KSteps = kTcD / 32;
 constexpr int kT8QBytes = kT8KSteps * 32 * 16;  // query planes: [k-step][lane] uint4
-// Dynamic shared memory of decode_tc_int8_kernel<stages, ...>: each warp's ring, then the
-// query planes.
-constexpr size_t t8_smem_bytes(int stages) {
-  return static_cast<size_t>(kTcWarps) * stages * kT8StageBytes + kT8QBytes;
-}
-constexpr size_t kT8SmemBytes = t8_smem_bytes(kTcStages);  // the backend's instance
+// Dynamic shared memory of decode_tc_int8_kernel: each warp's ring, then the query planes.
+constexpr size_t kT8SmemBytes = static_cast<size_t>(kTcWarps) * kTcStages * kT8StageBytes + kT8QBytes;
 static_assert(static_cast<size_t>(kTcG) * kTcD * sizeof(float) <=
                   static_cast<size_t>(kTcWarps) * kTcStages * kT8StageBytes,
               "the block merge reuses the staging buffers");
@@ -1018,11 +1014,9 @@ __device__ __forceinline__ void value_pairs_f16(uint32_t ua, uint32_t ub, uint32
   for (int i = 0; i < 4; ++i) asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(out[i]) : "r"(w[i]), "r"(0x64806480u));
 }
 
-// kStages: tiles in flight per warp; kChains: the score's k-steps summed in that many
-// independent integer chains (exact: the same integers in any order). The backend runs the
-// defaults; tools/lab/attention_lab.cu times the other instances (not yet measured: written
-// without a GPU at hand), and whichever loses is to be removed.
-template <int kStages = kTcStages, int kChains = 1>
+// (Measured and not kept, in tools/lab/attention_lab.cu on an H100: 3 or 4 tiles in flight
+// per warp, 5% slower alone at 66 splits; the score's k-steps in two integer chains, within
+// 0.3%.)
 __global__ void __launch_bounds__(kT8Threads, 2)
     decode_tc_int8_kernel(const float* qg, const float* k, const float* v, int8_t* k_cache,
                           int8_t* v_cache, float* k_scales, float* v_scales, int64_t capacity,
@@ -1076,7 +1070,7 @@ __global__ void __launch_bounds__(kT8Threads, 2)
     if (lane == 0) s_vmax[warp] = m;
   }
   __syncthreads();
-  uint4* q_frag = reinterpret_cast<uint4*>(tc_smem + kTcWarps * kStages * kT8StageBytes);
+  uint4* q_frag = reinterpret_cast<uint4*>(tc_smem + kTcWarps * kTcStages * kT8StageBytes);
   {
     const float* q = qg + static_cast<int64_t>(kvh * kTcG + g) * 2 * kTcD;
     const float sq = s_q[g];
@@ -1104,7 +1098,7 @@ __global__ void __launch_bounds__(kT8Threads, 2)
   const float inv_vmax = vmax > 0.0f ? 1.0f / vmax : 0.0f;
 
   const int64_t tiles = (end - begin + kTcKeys - 1) / kTcKeys;
-  unsigned char* ring = tc_smem + warp * kStages * kT8StageBytes;
+  unsigned char* ring = tc_smem + warp * kTcStages * kT8StageBytes;
   const int8_t* k_head = k_cache + kvh * kTcD;
   const int8_t* v_head = v_cache + kvh * kTcD;
   // The tile's 16 key and 16 value rows (16 pieces of 16 bytes each: two rows per warp
@@ -1132,7 +1126,7 @@ __global__ void __launch_bounds__(kT8Threads, 2)
     ptx::cp_async4(ptx::smem_u32(sb + lane * 4), src, live ? 4 : 0);
   };
 #pragma unroll
-  for (int st = 0; st < kStages; ++st) {
+  for (int st = 0; st < kTcStages; ++st) {
     const int64_t tile = warp + static_cast<int64_t>(st) * kTcWarps;
     if (tile < tiles) stage(tile, st);
     ptx::cp_async_commit();
@@ -1146,7 +1140,7 @@ __global__ void __launch_bounds__(kT8Threads, 2)
 
   int buffer = 0;
   for (int64_t tile = warp; tile < tiles; tile += kTcWarps) {
-    ptx::cp_async_wait<kStages - 1>();
+    ptx::cp_async_wait<kTcStages - 1>();
     __syncwarp();
     const unsigned char* kb = ring + buffer * kT8StageBytes;
     const unsigned char* vb = kb + kTcKeys * kT8KStride;
@@ -1154,23 +1148,15 @@ __global__ void __launch_bounds__(kT8Threads, 2)
     const float* sv = sk + kTcKeys;
 
     // S = Q K^T in integers: n-tile 0 keys 0-7 (this thread loads key g), n-tile 1 keys 8-15.
-    static_assert(kChains == 1 || kChains == 2, "one or two chains of k-steps");
-    int chain[kChains][2][4] = {};
+    int sc[2][4] = {{0, 0, 0, 0}, {0, 0, 0, 0}};
 #pragma unroll
     for (int p = 0; p < kT8KSteps; ++p) {
       const uint2 k0 = *reinterpret_cast<const uint2*>(kb + g * kT8KStride + 32 * p + 8 * t);
       const uint2 k1 = *reinterpret_cast<const uint2*>(kb + (g + 8) * kT8KStride + 32 * p + 8 * t);
       const uint4 qa = q_frag[p * 32 + lane];
       const uint32_t a[4] = {qa.x, qa.y, qa.z, qa.w};
-      ptx::mma_s8(chain[p % kChains][0], a, k0.x, k0.y);
-      ptx::mma_s8(chain[p % kChains][1], a, k1.x, k1.y);
-    }
-    int sc[2][4];
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i)
-        sc[n][i] = kChains == 2 ? chain[0][n][i] + chain[kChains - 1][n][i] : chain[0][n][i];
+      ptx::mma_s8(sc[0], a, k0.x, k0.y);
+      ptx::mma_s8(sc[1], a, k1.x, k1.y);
     }
     const int64_t first = begin + tile * kTcKeys;
     const int key_of[4] = {2 * t, 2 * t + 1, 8 + 2 * t, 9 + 2 * t};
@@ -1215,10 +1201,10 @@ __global__ void __launch_bounds__(kT8Threads, 2)
       for (int i = 0; i < 8; ++i) ptx::mma_f16(acc[8 * q + i], pa, b0[i], b1[i]);
     }
     __syncwarp();
-    const int64_t next = tile + static_cast<int64_t>(kStages) * kTcWarps;
+    const int64_t next = tile + static_cast<int64_t>(kTcStages) * kTcWarps;
     if (next < tiles) stage(next, buffer);
     ptx::cp_async_commit();
-    buffer = buffer + 1 == kStages ? 0 : buffer + 1;
+    buffer = buffer + 1 == kTcStages ? 0 : buffer + 1;
   }
   ptx::cp_async_wait_all();
 
@@ -1584,12 +1570,12 @@ AttentionPath launch_decode(const float* qg, const float* k, const float* v, con
     if (int8_tensor_cores) {
       static bool configured = false;  // one attribute set (host-side, no sync)
       if (!configured) {
-        LILY_CUDA_CHECK(cudaFuncSetAttribute(decode_tc_int8_kernel<>,
+        LILY_CUDA_CHECK(cudaFuncSetAttribute(decode_tc_int8_kernel,
                                              cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              static_cast<int>(kT8SmemBytes)));
         configured = true;
       }
-      launch(decode_tc_int8_kernel<>,
+      launch(decode_tc_int8_kernel,
              dim3(static_cast<unsigned>(a.kv_heads), static_cast<unsigned>(splits)), kT8Threads,
              kT8SmemBytes, s, qg, k, v, k_cache, v_cache, c.key_scales, c.value_scales, capacity,
              a.kv_heads, pos_host, pos_device, splits, scale, part_o, part_ml);
