@@ -47,8 +47,7 @@
 #                                    delta_net_layer_lab's the same for the Gated DeltaNet mixer;
 #                                    attention_lab's decode attention + split combine at 131,072
 #                                    keys in a graph, per split count (int8, bf16 and f32 caches;
-#                                    the combine against its old form, bit for bit; the int8
-#                                    kernel's instances)
+#                                    the combine against its old form, bit for bit)
 #                        timeline    the decode step as it runs (tools/lab/step_trace.cpp, a CUPTI
 #                                    injection library, under `lily bench` at each context of
 #                                    LILY_PROFILE_CONTEXTS, LILY_KV_CACHE's cache): every kernel's
