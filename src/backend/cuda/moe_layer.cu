@@ -442,39 +442,54 @@ __device__ __forceinline__ float shared_down_gate(const MoeLayerParams& p) {
   return sigmoidf_(load_shared_result(p.shared_logit));
 }
 
+// One down row group r0..r0 + kDownRows - 1: acc over the routed items (slot, chunk), then the
+// shared chunks, lanes striding over them, one trip of kDownUnroll items per lane at a time;
+// `first`, when given, is the row group's first trip, already loaded.
+template <int EB>
+__device__ __forceinline__ void down_rows(const MoeLayerParams& p, const gemv_detail::SharedActs& acts,
+                                          const int32_t* ids, const float* weights, float gate,
+                                          int64_t r0, int64_t items, int lane, const DownTrip* first) {
+  constexpr int R = kDownRows;
+  constexpr int U = kDownUnroll;
+  float acc[R] = {};
+  int64_t base = lane;
+  if (first != nullptr) {
+    dot_down_trip<EB>(p, *first, acts, weights, gate, base, acc);
+    base += 32 * U;
+  }
+  for (; base < items; base += 32 * U) {
+    DownTrip t;
+    load_down_trip<EB>(p, ids, r0, base, t);
+    dot_down_trip<EB>(p, t, acts, weights, gate, base, acc);
+  }
+#pragma unroll
+  for (int i = 0; i < R; ++i) {
+    const float v = warp_sum(acc[i]);
+    if (lane == 0 && r0 + i < p.hidden) p.out[r0 + i] = v;
+  }
+}
+
 // out[r] = sum_j weight_j * down_{ids[j]}[r] . h[j] + sigmoid(shared_logit) * shared_down[r] .
 // shared_h, as down_combine_kernel<EB, EB, true>: one warp per kDownRows rows, lanes striding
 // over the routed items (slot, chunk) and then the shared chunks. `first` holds the warp's
 // first trip (rows warp * kDownRows.., items lane, lane + 32, ...), loaded by the caller before
 // the second barrier: the weights depend only on the routing, so only the arithmetic waits
-// for h.
+// for h. The warp's first row group is peeled off the loop so that `first` is dead before any
+// other trip is loaded (in one loop both trips were live at once, and the kernel spilled at
+// its 128 registers).
 template <int EB>
 __device__ void down_phase(const MoeLayerParams& p, const float4* staged, const int32_t* ids,
                            const float* weights, float gate, int64_t warp, int64_t warps,
                            const DownTrip& first) {
   constexpr int R = kDownRows;
-  constexpr int U = kDownUnroll;
   using C = Chunk<EB>;
   const int64_t H = p.hidden;
   const int64_t items = p.k * (p.down.in / C::kValues) + p.shared_down.in / C::kValues;
   const int lane = static_cast<int>(threadIdx.x) & 31;
   const gemv_detail::SharedActs acts{staged};
-  for (int64_t r0 = warp * R; r0 < H; r0 += warps * R) {
-    float acc[R] = {};
-    for (int64_t base = lane; base < items; base += 32 * U) {
-      if (r0 == warp * R && base == lane) {
-        dot_down_trip<EB>(p, first, acts, weights, gate, base, acc);
-      } else {
-        DownTrip t;
-        load_down_trip<EB>(p, ids, r0, base, t);
-        dot_down_trip<EB>(p, t, acts, weights, gate, base, acc);
-      }
-    }
-#pragma unroll
-    for (int i = 0; i < R; ++i) {
-      const float v = warp_sum(acc[i]);
-      if (lane == 0 && r0 + i < H) p.out[r0 + i] = v;
-    }
+  if (warp * R < H) down_rows<EB>(p, acts, ids, weights, gate, warp * R, items, lane, &first);
+  for (int64_t r0 = (warp + warps) * R; r0 < H; r0 += warps * R) {
+    down_rows<EB>(p, acts, ids, weights, gate, r0, items, lane, nullptr);
   }
 }
 
