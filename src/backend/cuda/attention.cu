@@ -975,7 +975,9 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 //   exactly as f16 (two byte permutes and an f16 subtraction per pair of keys, against four
 //   int -> f32 conversions and a pack for bf16); the merged sums are multiplied back by S.
 // Each warp streams its own tiles of 16 keys (codes and both scales) through a 2-stage
-// cp.async ring, as decode_tc_kernel.
+// cp.async ring, as decode_tc_kernel. (Measured and not kept, tools/lab/attention_lab.cu on an
+// H100: 3 or 4 stages, 5% slower alone at 66 splits; the score's k-steps in two integer
+// chains, within 0.3%.)
 constexpr int kT8Threads = kTcWarps * 32;
 constexpr int kT8KStride = kTcD + 32;  // bytes per staged key row: 8-byte fragment reads of a
                                        // half warp (rows g, offsets 8t) hit distinct banks
@@ -1014,9 +1016,6 @@ __device__ __forceinline__ void value_pairs_f16(uint32_t ua, uint32_t ub, uint32
   for (int i = 0; i < 4; ++i) asm("sub.rn.f16x2 %0, %1, %2;" : "=r"(out[i]) : "r"(w[i]), "r"(0x64806480u));
 }
 
-// (Measured and not kept, in tools/lab/attention_lab.cu on an H100: 3 or 4 tiles in flight
-// per warp, 5% slower alone at 66 splits; the score's k-steps in two integer chains, within
-// 0.3%.)
 __global__ void __launch_bounds__(kT8Threads, 2)
     decode_tc_int8_kernel(const float* qg, const float* k, const float* v, int8_t* k_cache,
                           int8_t* v_cache, float* k_scales, float* v_scales, int64_t capacity,
