@@ -2,8 +2,10 @@
 # On the GPU machine, in one call: `lily bench` of the working tree against a base commit, arm by
 # arm alternating (working tree first), on the full synthetic checkpoint. Builds the working tree
 # through tools/gpu/run.sh (its LILY_STAGES, default tests: cuda_tests run first, with
-# LILY_GTEST_FILTER) and the base from `git archive` into /tmp/base (lily only, once per machine).
-#   AB_BASE    the base commit (default HEAD: the device's .git is the session's starting snapshot)
+# LILY_GTEST_FILTER) and each base from `git archive` into /tmp/base-<commit> (lily only, once per
+# machine).
+#   AB_BASE    the base commit, or several separated by spaces (default HEAD: the device's .git is
+#              the session's starting snapshot); with several, each arm is named base-<commit>
 #   AB_SPECS   space-separated context:kv-cache arms (default "131072:int8")
 #   AB_ROUNDS  rounds of (new, base) per arm (default 1)
 # Writes $OUT/bench-<ctx>-<kv>-{new,base}-r<round>.json and prints each run's summary line.
@@ -13,18 +15,22 @@ out=${OUT:-/tmp/out}
 mkdir -p "$out"
 deps=$PWD/.deps/root/usr
 export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-base=/tmp/base
+read -r -a bases <<<"${AB_BASE:-HEAD}"
 start=$(date +%s)
-if [ ! -x "$base/build/lily" ]; then
-  rm -rf "$base" && mkdir -p "$base" && git archive "${AB_BASE:-HEAD}" | tar -x -C "$base"
-  (cmake -S "$base" -B "$base/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_BUILD_TESTS=OFF \
+base_dir() { echo "/tmp/base-$1"; }
+base_pids=()
+for b in "${bases[@]}"; do
+  dir=$(base_dir "$b")
+  [ -x "$dir/build/lily" ] && continue
+  rm -rf "$dir" && mkdir -p "$dir" && git archive "$b" | tar -x -C "$dir"
+  (cmake -S "$dir" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_BUILD_TESTS=OFF \
      -DLILY_WITH_SERVER=OFF -DLILY_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$deps" \
-     -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json" >"$out/base-cmake.log" 2>&1 &&
-   nice cmake --build "$base/build" --target lily >>"$out/base-cmake.log" 2>&1; echo "base build: rc $?") &
-  base_pid=$!
-fi
+     -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json" >"$out/base-$b-cmake.log" 2>&1 &&
+   nice cmake --build "$dir/build" --target lily >>"$out/base-$b-cmake.log" 2>&1; echo "base $b build: rc $?") &
+  base_pids+=($!)
+done
 LILY_STAGES=${LILY_STAGES:-tests} bash tools/gpu/run.sh
-[ -z "${base_pid:-}" ] || wait "$base_pid"
+[ ${#base_pids[@]} -eq 0 ] || wait "${base_pids[@]}"
 ckpt=$PWD/build-gpu/full-seed1
 [ -f "$ckpt/model.safetensors.index.json" ] ||
   ./build-gpu/lily make-checkpoint --profile full --seed 1 --out "$ckpt" >"$out/make-checkpoint.log" 2>&1
@@ -32,9 +38,12 @@ for spec in ${AB_SPECS:-131072:int8}; do
   ctx=${spec%%:*}
   kv=${spec##*:}
   for round in $(seq "${AB_ROUNDS:-1}"); do
-    for arm in new base; do
+    arms=(new)
+    for b in "${bases[@]}"; do arms+=("$([ ${#bases[@]} -eq 1 ] && echo base || echo "base-$b")"); done
+    for i in "${!arms[@]}"; do
+      arm=${arms[$i]}
       bin=$PWD/build-gpu/lily
-      [ "$arm" = base ] && bin=$base/build/lily
+      [ "$i" -gt 0 ] && bin=$(base_dir "${bases[$((i - 1))]}")/build/lily
       echo -n "ctx $ctx $kv $arm r$round: "
       timeout 300 "$bin" bench --model "$ckpt" --prompt-len "$ctx" --device cuda --kv-cache "$kv" \
         --json-out "$out/bench-$ctx-$kv-$arm-r$round.json" 2>&1 | tail -1

@@ -171,6 +171,9 @@ __global__ void __launch_bounds__(kPrepareWarps * 32)
                    int kv_heads, int rotary_dim, RopeFreqs freqs, int64_t pos_host,
                    const int32_t* pos_device, int64_t n, float eps) {
   grid_dependency_wait();
+  // A few blocks of latency: the split kernel's blocks may land while they run (as the norms,
+  // norms.cu). After the wait, so that the split kernel may still read what came before.
+  allow_dependent_launch();
   constexpr int kPer = D / 32;
   __shared__ float buf[kPrepareWarps][D];
   const int warp = threadIdx.x >> 5;
@@ -623,6 +626,8 @@ __global__ void __launch_bounds__(D)
   // before it let this launch start, so it may be read before the wait.
   const float gate = qg[(static_cast<int64_t>(h) * 2 + 1) * D + d];
   grid_dependency_wait();
+  // One block a head: the output projection's blocks load their weights while it runs.
+  allow_dependent_launch();
   float* o = out + static_cast<int64_t>(h) * D;
   const CombineRange r = combine_range(capacity, G, pos_host, pos_device, splits, h);
   if (r.valid == 0) {

@@ -5,6 +5,13 @@
 // is an f32 tree sum (the CPU's is sequential: both are within ~1e-7 of the f64 reference), the
 // scale is 1 / sqrtf(mean + eps) with IEEE sqrt and division like the CPU, and each output is
 // (x * inv) * gain [* silu(z)] in that order.
+//
+// Every norm lets the next launch start right after its own dependency wait (not after its
+// main loop, as the larger kernels do): a norm is one block (a few for the gated norm) of
+// latency, and the launch after it is a GEMV whose blocks load their weights before their
+// own wait, so they should be loading while the norm runs rather than after it. Triggering
+// after the wait, not before it, keeps the launch contract's rule that a kernel has waited
+// for its predecessor before the next one launches (cuda_common.cuh).
 #include <cstdint>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -26,6 +33,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     norm_warp_kernel(float* x, const float* delta, const float* z, const float* gain,
                      int64_t rows, int64_t dim, float eps, float* out) {
   grid_dependency_wait();
+  allow_dependent_launch();  // see the top of this file
   const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;
@@ -68,6 +76,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     norm_block_kernel(float* x, const float* delta, const float* z, const float* gain,
                       int64_t dim, float eps, float* out) {
   grid_dependency_wait();
+  allow_dependent_launch();  // see the top of this file
   __shared__ float partial[kWarpsPerBlock];
   __shared__ float total;
   const int64_t row = blockIdx.x;
@@ -122,6 +131,7 @@ __global__ void __launch_bounds__(kBlockThreads)
     norm_vec_kernel(float* x, const float* __restrict__ delta, const float* __restrict__ z,
                     const float* __restrict__ gain, int64_t dim, float eps, float* out) {
   grid_dependency_wait();
+  allow_dependent_launch();  // see the top of this file
   const int64_t row = blockIdx.x;
   const int64_t quads = dim / 4;
   auto* xr = reinterpret_cast<float4*>(x + row * dim);
