@@ -6,6 +6,8 @@
 # machine).
 #   AB_BASE    the base commit, or several separated by spaces (default HEAD: the device's .git is
 #              the session's starting snapshot); with several, each arm is named base-<commit>
+#   AB_PATCHES patch files (space-separated, e.g. tools/lab/arms/*.patch): each is applied to a
+#              copy of the working tree and built as one more arm, named after the file
 #   AB_SPECS   space-separated context:kv-cache arms (default "131072:int8")
 #   AB_ROUNDS  rounds of (new, base) per arm (default 1)
 # Writes $OUT/bench-<ctx>-<kv>-{new,base}-r<round>.json and prints each run's summary line.
@@ -29,6 +31,18 @@ for b in "${bases[@]}"; do
    nice cmake --build "$dir/build" --target lily >>"$out/base-$b-cmake.log" 2>&1; echo "base $b build: rc $?") &
   base_pids+=($!)
 done
+read -r -a patches <<<"${AB_PATCHES:-}"
+patch_dir() { local name; name=$(basename "$1"); echo "/tmp/arm-${name%.patch}"; }
+for p in "${patches[@]}"; do
+  dir=$(patch_dir "$p")
+  rm -rf "$dir" && mkdir -p "$dir" && tar -c --exclude=./build-gpu --exclude=./.git --exclude=./.deps . | tar -x -C "$dir" &&
+    patch -s -d "$dir" -p1 <"$p" || { echo "arm $p: does not apply"; exit 2; }
+  (cmake -S "$dir" -B "$dir/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_BUILD_TESTS=OFF \
+     -DLILY_WITH_SERVER=OFF -DLILY_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$deps" \
+     -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json" >"$out/arm-$(basename "$p")-cmake.log" 2>&1 &&
+   nice cmake --build "$dir/build" --target lily >>"$out/arm-$(basename "$p")-cmake.log" 2>&1; echo "arm $p build: rc $?") &
+  base_pids+=($!)
+done
 LILY_STAGES=${LILY_STAGES:-tests} bash tools/gpu/run.sh
 [ ${#base_pids[@]} -eq 0 ] || wait "${base_pids[@]}"
 ckpt=$PWD/build-gpu/full-seed1
@@ -38,12 +52,16 @@ for spec in ${AB_SPECS:-131072:int8}; do
   ctx=${spec%%:*}
   kv=${spec##*:}
   for round in $(seq "${AB_ROUNDS:-1}"); do
-    arms=(new)
-    for b in "${bases[@]}"; do arms+=("$([ ${#bases[@]} -eq 1 ] && echo base || echo "base-$b")"); done
+    arms=(new) bins=("$PWD/build-gpu/lily")
+    for p in "${patches[@]}"; do
+      name=$(basename "$p")
+      arms+=("${name%.patch}") bins+=("$(patch_dir "$p")/build/lily")
+    done
+    for b in "${bases[@]}"; do
+      arms+=("$([ ${#bases[@]} -eq 1 ] && echo base || echo "base-$b")") bins+=("$(base_dir "$b")/build/lily")
+    done
     for i in "${!arms[@]}"; do
-      arm=${arms[$i]}
-      bin=$PWD/build-gpu/lily
-      [ "$i" -gt 0 ] && bin=$(base_dir "${bases[$((i - 1))]}")/build/lily
+      arm=${arms[$i]} bin=${bins[$i]}
       echo -n "ctx $ctx $kv $arm r$round: "
       timeout 300 "$bin" bench --model "$ckpt" --prompt-len "$ctx" --device cuda --kv-cache "$kv" \
         --json-out "$out/bench-$ctx-$kv-$arm-r$round.json" 2>&1 | tail -1
