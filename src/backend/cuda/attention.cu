@@ -170,22 +170,27 @@ __global__ void __launch_bounds__(kPrepareWarps * 32)
     prepare_kernel(float* qg, float* k, const float* q_norm, const float* k_norm, int q_heads,
                    int kv_heads, int rotary_dim, RopeFreqs freqs, int64_t pos_host,
                    const int32_t* pos_device, int64_t n, float eps) {
-  grid_dependency_wait();
-  // A few blocks of latency: the split kernel's blocks may land while they run (as the norms,
-  // norms.cu). After the wait, so that the split kernel may still read what came before.
-  allow_dependent_launch();
   constexpr int kPer = D / 32;
   __shared__ float buf[kPrepareWarps][D];
   const int warp = threadIdx.x >> 5;
   const int lane = threadIdx.x & 31;
   const int heads = q_heads + kv_heads;
   const int64_t item = static_cast<int64_t>(blockIdx.x) * kPrepareWarps + warp;
-  if (item >= n * heads) return;
+  const bool live = item < n * heads;
   const int64_t t = item / heads;
   const int h = static_cast<int>(item % heads);
   const bool is_q = h < q_heads;
-  float* x = is_q ? qg + (t * q_heads + h) * 2 * D : k + (t * kv_heads + (h - q_heads)) * D;
+  // The norm's gain is a weight: read before the wait (norms.cu does the same).
+  float g[kPer];
   const float* gain = is_q ? q_norm : k_norm;
+#pragma unroll
+  for (int c = 0; c < kPer; ++c) g[c] = live ? gain[lane + 32 * c] : 0.0f;
+  grid_dependency_wait();
+  // A few blocks of latency: the split kernel's blocks may land while they run (as the norms,
+  // norms.cu). After the wait, so that the split kernel may still read what came before.
+  allow_dependent_launch();
+  if (!live) return;
+  float* x = is_q ? qg + (t * q_heads + h) * 2 * D : k + (t * kv_heads + (h - q_heads)) * D;
 
   float v[kPer];
   float sum_sq = 0.0f;
@@ -197,7 +202,7 @@ __global__ void __launch_bounds__(kPrepareWarps * 32)
   const float inv = 1.0f / sqrtf(warp_sum(sum_sq) / static_cast<float>(D) + eps);
   float* s = buf[warp];
 #pragma unroll
-  for (int c = 0; c < kPer; ++c) s[lane + 32 * c] = v[c] * inv * gain[lane + 32 * c];
+  for (int c = 0; c < kPer; ++c) s[lane + 32 * c] = v[c] * inv * g[c];
   __syncwarp();
 
   const int64_t position = read_position(pos_host, pos_device) + t;

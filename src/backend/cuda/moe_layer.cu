@@ -57,6 +57,21 @@ __device__ __forceinline__ void store_normed(float4* for_router, float4* for_exp
   for_experts[gemv_detail::swizzled_float4<EB>(f / FE, static_cast<int>(f % FE))] = v;
 }
 
+// The norm's gain as thread t holds it for H > 256 (float4s t, t + 256, ...), read before the
+// dependency wait (a weight: its device-memory round trip is then off the norm's path).
+constexpr int kNormGainQuads = 4;  // H <= 4096
+
+__device__ __forceinline__ void load_norm_gain(const MoeLayerParams& p,
+                                               float4 (&gain)[kNormGainQuads]) {
+  const int64_t quads = p.hidden > 256 ? p.hidden / 4 : 0;
+#pragma unroll
+  for (int i = 0; i < kNormGainQuads; ++i) {
+    const int64_t q = threadIdx.x + static_cast<int64_t>(i) * kThreads;
+    gain[i] = q < quads ? reinterpret_cast<const float4*>(p.norm_gain)[q]
+                        : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
+}
+
 // residual + delta into `sums` and its RMSNorm, staged twice; block 0 also writes normed (the
 // residual is written after the first barrier: other blocks read it until then). Same
 // arithmetic as norm_warp_kernel<add> (H <= 256) or norm_vec_kernel<add, V> (H > 256), and as
@@ -64,8 +79,8 @@ __device__ __forceinline__ void store_normed(float4* for_router, float4* for_exp
 // store callback, V chosen inside), this kernel compiled to other spills in its hot loops and
 // decode measured 0.8% slower (docs/perf/bench-cuda.md).
 template <int RB, int EB, int V>
-__device__ void stage_norm(const MoeLayerParams& p, float4* for_router, float4* for_experts,
-                           float* sums, float* partial) {
+__device__ void stage_norm(const MoeLayerParams& p, const float4 (&gain)[kNormGainQuads],
+                           float4* for_router, float4* for_experts, float* sums, float* partial) {
   const int64_t H = p.hidden;
   if (H <= 256) {
     // norm_warp_kernel: lane l holds values l + 32c; warp 0 does it, the others wait.
@@ -129,12 +144,11 @@ __device__ void stage_norm(const MoeLayerParams& p, float4* for_router, float4* 
     sum_sq = fmaf(sum[i].w, sum[i].w, sum_sq);
   }
   const float inv = rms_scale(norm_block_sum(sum_sq, partial), H, p.eps);
-  const auto* g = reinterpret_cast<const float4*>(p.norm_gain);
 #pragma unroll
   for (int i = 0; i < V; ++i) {
     const int64_t q = threadIdx.x + static_cast<int64_t>(i) * kThreads;
     if (q >= quads) continue;
-    const float4 gq = g[q];
+    const float4 gq = gain[i];
     const float4 o = make_float4(sum[i].x * inv * gq.x, sum[i].y * inv * gq.y,
                                  sum[i].z * inv * gq.z, sum[i].w * inv * gq.w);
     store_normed<RB, EB>(for_router, for_experts, q, o);
@@ -542,6 +556,8 @@ __global__ void __launch_bounds__(kThreads, 2) moe_layer_kernel(MoeLayerParams p
       for (int64_t s = lane; s < expert_bytes / 32; s += 32) prefetch_l2(base + s * 32);
     }
   }
+  float4 gain[kNormGainQuads];
+  load_norm_gain(p, gain);
   grid_dependency_wait();
   stamp(p, 0);
 
@@ -552,9 +568,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_layer_kernel(MoeLayerParams p
   float4* for_experts = smem + H / 4;
   float* sums = reinterpret_cast<float*>(smem + H / 2);
   if (H <= 2048) {
-    stage_norm<RB, EB, 2>(p, for_router, for_experts, sums, partial);
+    stage_norm<RB, EB, 2>(p, gain, for_router, for_experts, sums, partial);
   } else {
-    stage_norm<RB, EB, 4>(p, for_router, for_experts, sums, partial);
+    stage_norm<RB, EB, 4>(p, gain, for_router, for_experts, sums, partial);
   }
   __syncthreads();
   stamp(p, 1);

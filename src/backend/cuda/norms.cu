@@ -32,13 +32,18 @@ template <NormKind kKind>
 __global__ void __launch_bounds__(kBlockThreads)
     norm_warp_kernel(float* x, const float* delta, const float* z, const float* gain,
                      int64_t rows, int64_t dim, float eps, float* out) {
+  constexpr int kPer = kWarpRowMax / 32;
+  const int lane = threadIdx.x & 31;
+  // The gain is a weight: read before the wait, so that its device-memory round trip is not in
+  // the norm's path (the launch before has long evicted it from L2).
+  float g[kPer];
+#pragma unroll
+  for (int c = 0; c < kPer; ++c) g[c] = lane + 32 * c < dim ? gain[lane + 32 * c] : 0.0f;
   grid_dependency_wait();
   allow_dependent_launch();  // see the top of this file
-  const int lane = threadIdx.x & 31;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + (threadIdx.x >> 5);
   if (row >= rows) return;
   float* xr = x + row * dim;
-  constexpr int kPer = kWarpRowMax / 32;
   float v[kPer];
   float sum_sq = 0.0f;
 #pragma unroll
@@ -60,7 +65,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int c = 0; c < kPer; ++c) {
     const int64_t i = lane + 32 * c;
     if (i < dim) {
-      float o = v[c] * inv * gain[i];
+      float o = v[c] * inv * g[c];
       if constexpr (kKind == NormKind::gated) {
         const float zi = z[row * dim + i];
         o *= zi * sigmoidf_(zi);  // silu as the CPU forms it: z * sigmoid(z)
@@ -130,10 +135,16 @@ template <NormKind kKind, int V>
 __global__ void __launch_bounds__(kBlockThreads)
     norm_vec_kernel(float* x, const float* __restrict__ delta, const float* __restrict__ z,
                     const float* __restrict__ gain, int64_t dim, float eps, float* out) {
+  const int64_t quads = dim / 4;
+  float4 g[V];  // the gain before the wait, as in norm_warp_kernel
+#pragma unroll
+  for (int i = 0; i < V; ++i) {
+    const int64_t q = threadIdx.x + static_cast<int64_t>(i) * kBlockThreads;
+    g[i] = q < quads ? reinterpret_cast<const float4*>(gain)[q] : make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+  }
   grid_dependency_wait();
   allow_dependent_launch();  // see the top of this file
   const int64_t row = blockIdx.x;
-  const int64_t quads = dim / 4;
   auto* xr = reinterpret_cast<float4*>(x + row * dim);
   float4 v[V];
 #pragma unroll
@@ -164,9 +175,8 @@ __global__ void __launch_bounds__(kBlockThreads)
     const int64_t q = threadIdx.x + static_cast<int64_t>(i) * kBlockThreads;
     if (q >= quads) continue;
     if constexpr (kKind == NormKind::add) xr[q] = v[i];
-    const float4 g = reinterpret_cast<const float4*>(gain)[q];
-    float4 o = make_float4(v[i].x * inv * g.x, v[i].y * inv * g.y, v[i].z * inv * g.z,
-                           v[i].w * inv * g.w);
+    float4 o = make_float4(v[i].x * inv * g[i].x, v[i].y * inv * g[i].y, v[i].z * inv * g[i].z,
+                           v[i].w * inv * g[i].w);
     if constexpr (kKind == NormKind::gated) {
       const float4 zq = reinterpret_cast<const float4*>(z + row * dim)[q];
       o.x *= zq.x * sigmoidf_(zq.x);
