@@ -50,6 +50,7 @@ class ConvRunner {
     expect_exact(window_, ref_window_, label + " window");
     return out;
   }
+  const std::vector<float>& window() const { return window_; }
 
  private:
   GatedDeltaNetDims d_;
@@ -93,6 +94,29 @@ TEST(BackendConv1dSilu, SplitCallsEqualOneCall) {
   const std::vector<float> rest = split.step({mixed.begin() + 2 * static_cast<long>(C), mixed.end()}, 7, "split 7 of 9");
   parts.insert(parts.end(), rest.begin(), rest.end());
   EXPECT_EQ(parts, one);
+}
+
+// Decode runs the conv one token at a time (its own loop: no history buffer, the window
+// shifted in place): nine one-token calls give one nine-token call's bits, window included.
+TEST(BackendConv1dSilu, OneTokenCallsEqualOneCall) {
+  Rng rng(63);
+  auto be = cpu(2);
+  const GatedDeltaNetDims d = dims();
+  const auto C = static_cast<long>(d.channels());
+  const std::vector<float> mixed = rng.uniform_vector(static_cast<size_t>(9 * C), -2.0f, 2.0f);
+  Rng twin_a(8);
+  Rng twin_b(8);
+  ConvRunner whole(twin_a, d, *be);
+  ConvRunner steps(twin_b, d, *be);  // same weights and window
+  const std::vector<float> one = whole.step(mixed, 9, "one call n=9");
+  std::vector<float> tokens;
+  for (long t = 0; t < 9; ++t) {
+    const std::vector<float> o =
+        steps.step({mixed.begin() + t * C, mixed.begin() + (t + 1) * C}, 1, "token " + std::to_string(t));
+    tokens.insert(tokens.end(), o.begin(), o.end());
+  }
+  EXPECT_EQ(tokens, one);
+  EXPECT_EQ(steps.window(), whole.window());
 }
 
 struct DeltaInputs {
