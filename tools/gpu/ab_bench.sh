@@ -6,7 +6,7 @@
 # machine).
 #   AB_BASE    the base commit, or several separated by spaces (default HEAD: the device's .git is
 #              the session's starting snapshot); with several, each arm is named base-<commit>
-#   AB_PATCHES patch files (space-separated, e.g. tools/lab/arms/*.patch): each is applied to a
+#   AB_PATCHES patch files (space-separated; untracked files travel to the device): each applied to a
 #              copy of the working tree and built as one more arm, named after the file
 #   AB_SPECS   space-separated context:kv-cache arms (default "131072:int8")
 #   AB_ROUNDS  rounds of (new, base) per arm (default 1)

@@ -22,15 +22,22 @@ __device__ __forceinline__ unsigned long long load_acquire(const unsigned long l
 // arrive at instance i + 1 before all have arrived at i. Every launch on one counter must use
 // the same grid size (the plan fixes it), and blocks must be co-resident (checked at plan
 // build). It comes in two halves, so that a block can issue loads that depend on no other
-// block (weights) between its arrival and its wait: grid_arrive's fence orders only what came
+// block (weights) between its arrival and its wait: grid_arrive's release orders only what came
 // before it, so such loads overlap the wait instead of delaying the arrival. grid_arrive
-// returns the count to wait for (meaningful in thread 0).
+// returns the count to wait for (meaningful in thread 0). A release add and an acquire load
+// replaced __threadfence + atomicAdd and a trailing __threadfence (two fence.sc.gpu): decode
+// 449.2, 447.2 against 443.3, 443.2 tok/s at 256 on an H100 (docs/perf/bench-cuda.md).
 __device__ __forceinline__ unsigned long long grid_arrive(unsigned long long* counter) {
   __syncthreads();
   unsigned long long target = 0;
   if (threadIdx.x == 0) {
-    __threadfence();  // this block's writes before its arrival
-    const unsigned long long arrived = atomicAdd(counter, 1ull);
+    // A release add: the block's writes (ordered before thread 0 by the __syncthreads) become
+    // visible before the arrival, without a separate fence.sc (__threadfence) round trip.
+    unsigned long long arrived;
+    asm volatile("atom.add.release.gpu.global.u64 %0, [%1], 1;"
+                 : "=l"(arrived)
+                 : "l"(counter)
+                 : "memory");
     target = (arrived / gridDim.x + 1) * gridDim.x;
   }
   return target;
@@ -39,7 +46,8 @@ __device__ __forceinline__ void grid_wait(unsigned long long* counter, unsigned 
   if (threadIdx.x == 0) {
     while (load_acquire(counter) < target) {
     }
-    __threadfence();
+    // No fence after it: the acquire load orders what follows, and the __syncthreads below
+    // passes that on to the block's other threads (which read other blocks' data via L2).
   }
   __syncthreads();
 }
