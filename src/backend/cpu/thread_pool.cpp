@@ -29,6 +29,7 @@ std::pair<int64_t, int64_t> split(int64_t count, int parts, int index) {
 
 ThreadPool::ThreadPool(int threads) {
   if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  shares_ = std::vector<std::atomic<uint64_t>>(static_cast<size_t>(threads));
   for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker_loop(i); });
 }
 
@@ -49,6 +50,12 @@ void ThreadPool::parallel_for(int64_t count, const std::function<void(int64_t, i
   }
   job_ = &fn;
   job_count_ = count;
+  job_chunks_ = std::min<int64_t>(count, int64_t{kChunksPerThread} * size());
+  for (int t = 0; t < size(); ++t) {
+    const auto [front, back] = split(job_chunks_, size(), t);
+    shares_[static_cast<size_t>(t)].store(static_cast<uint64_t>(front) | static_cast<uint64_t>(back) << 32,
+                                          std::memory_order_relaxed);
+  }
   pending_.store(static_cast<int>(workers_.size()), std::memory_order_relaxed);
   {
     // Publishing under the mutex pairs with the sleepers' predicate check: no lost wake-up.
@@ -56,8 +63,7 @@ void ThreadPool::parallel_for(int64_t count, const std::function<void(int64_t, i
     generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
-  const auto [begin, end] = split(count, size(), 0);
-  if (begin < end) fn(begin, end);
+  run_share(0);
   for (int spins = 0; pending_.load(std::memory_order_acquire) != 0; ++spins) {
     if (spins < kSpinIterations) {
       cpu_relax();
@@ -85,10 +91,51 @@ void ThreadPool::worker_loop(int index) {
       current = generation_.load(std::memory_order_acquire);
     }
     seen = current;
-    const auto [begin, end] = split(job_count_, size(), index);
-    if (begin < end) (*job_)(begin, end);
+    run_share(index);
     pending_.fetch_sub(1, std::memory_order_acq_rel);
   }
+}
+
+void ThreadPool::run_share(int index) {
+  int64_t chunk = 0;
+  while (claim_front(index, &chunk)) run_chunk(chunk);
+  for (int k = 1; k < size(); ++k) {
+    const int victim = (index + k) % size();
+    while (claim_back(victim, &chunk)) run_chunk(chunk);
+  }
+}
+
+bool ThreadPool::claim_front(int t, int64_t* chunk) {
+  std::atomic<uint64_t>& share = shares_[static_cast<size_t>(t)];
+  uint64_t packed = share.load(std::memory_order_acquire);
+  for (;;) {
+    const uint64_t front = packed & 0xffffffffu;
+    const uint64_t back = packed >> 32;
+    if (front >= back) return false;
+    if (share.compare_exchange_weak(packed, (front + 1) | back << 32, std::memory_order_acq_rel)) {
+      *chunk = static_cast<int64_t>(front);
+      return true;
+    }
+  }
+}
+
+bool ThreadPool::claim_back(int t, int64_t* chunk) {
+  std::atomic<uint64_t>& share = shares_[static_cast<size_t>(t)];
+  uint64_t packed = share.load(std::memory_order_acquire);
+  for (;;) {
+    const uint64_t front = packed & 0xffffffffu;
+    const uint64_t back = packed >> 32;
+    if (front >= back) return false;
+    if (share.compare_exchange_weak(packed, front | (back - 1) << 32, std::memory_order_acq_rel)) {
+      *chunk = static_cast<int64_t>(back - 1);
+      return true;
+    }
+  }
+}
+
+void ThreadPool::run_chunk(int64_t chunk) const {
+  const auto [begin, end] = split(job_count_, static_cast<int>(job_chunks_), static_cast<int>(chunk));
+  if (begin < end) (*job_)(begin, end);
 }
 
 }  // namespace lily

@@ -1,10 +1,13 @@
-// The CPU thread pool: every index of a parallel_for runs once, in one contiguous range per
-// thread, and each call counts one barrier.
+// The CPU thread pool: every index of a parallel_for runs once, in the pool's fixed chunks; a
+// slow thread's unstarted chunks are taken by the others; each call counts one barrier.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -13,7 +16,7 @@
 namespace lily::testing {
 namespace {
 
-TEST(ThreadPool, EveryIndexRunsOnceInOneRangePerThread) {
+TEST(ThreadPool, EveryIndexRunsOnceInTheFixedChunks) {
   for (int threads : {1, 2, 3, 5}) {
     ThreadPool pool(threads);
     for (int64_t count : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{7}, int64_t{64}, int64_t{1000},
@@ -36,10 +39,39 @@ TEST(ThreadPool, EveryIndexRunsOnceInOneRangePerThread) {
         EXPECT_GE(begin, 0);
         EXPECT_LE(end, count);
       }
-      // One range per thread at most (the caller's included), each a long run of indices.
-      EXPECT_LE(chunks.size(), static_cast<size_t>(threads)) << threads << " threads, count " << count;
+      // The chunks are the pool's: at most kChunksPerThread a thread, each a long run of indices
+      // (count / chunks, give or take one), never split further.
+      const int64_t most = std::min<int64_t>(count, int64_t{ThreadPool::kChunksPerThread} * threads);
+      EXPECT_EQ(static_cast<int64_t>(chunks.size()), threads == 1 ? std::min<int64_t>(count, 1) : most)
+          << threads << " threads, count " << count;
+      for (const auto& [begin, end] : chunks) {
+        if (threads > 1) {
+          EXPECT_LE(end - begin, (count + most - 1) / most) << threads << " threads, count " << count;
+        }
+      }
     }
   }
+}
+
+// Work stealing: the worker stalls in its first chunk (as a core the machine slows down), and
+// the caller, done with its own share, takes the worker's other chunks from the back.
+TEST(ThreadPool, AStalledThreadsChunksAreTakenByTheOthers) {
+  ThreadPool pool(2);
+  const std::thread::id caller = std::this_thread::get_id();
+  const int64_t count = 1600;
+  std::atomic<int64_t> by_caller{0};
+  std::atomic<bool> stalled{false};
+  pool.parallel_for(count, [&](int64_t begin, int64_t end) {
+    if (std::this_thread::get_id() == caller) {
+      by_caller.fetch_add(end - begin);
+    } else if (!stalled.exchange(true)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    }
+  });
+  // Without stealing the caller runs its half (800); with it, all but the chunk the worker
+  // stalled in (and whatever it ran before the caller got there): at least 15 of 16 chunks
+  // unless the caller itself was descheduled for most of 200 ms.
+  EXPECT_GE(by_caller.load(), count * 3 / 4);
 }
 
 TEST(ThreadPool, ManyJobsInARowCountOneBarrierEach) {
