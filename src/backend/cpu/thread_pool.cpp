@@ -98,36 +98,23 @@ void ThreadPool::worker_loop(int index) {
 
 void ThreadPool::run_share(int index) {
   int64_t chunk = 0;
-  while (claim_front(index, &chunk)) run_chunk(chunk);
+  while (claim(index, false, &chunk)) run_chunk(chunk);
   for (int k = 1; k < size(); ++k) {
     const int victim = (index + k) % size();
-    while (claim_back(victim, &chunk)) run_chunk(chunk);
+    while (claim(victim, true, &chunk)) run_chunk(chunk);
   }
 }
 
-bool ThreadPool::claim_front(int t, int64_t* chunk) {
+bool ThreadPool::claim(int t, bool from_back, int64_t* chunk) {
   std::atomic<uint64_t>& share = shares_[static_cast<size_t>(t)];
   uint64_t packed = share.load(std::memory_order_acquire);
   for (;;) {
     const uint64_t front = packed & 0xffffffffu;
     const uint64_t back = packed >> 32;
     if (front >= back) return false;
-    if (share.compare_exchange_weak(packed, (front + 1) | back << 32, std::memory_order_acq_rel)) {
-      *chunk = static_cast<int64_t>(front);
-      return true;
-    }
-  }
-}
-
-bool ThreadPool::claim_back(int t, int64_t* chunk) {
-  std::atomic<uint64_t>& share = shares_[static_cast<size_t>(t)];
-  uint64_t packed = share.load(std::memory_order_acquire);
-  for (;;) {
-    const uint64_t front = packed & 0xffffffffu;
-    const uint64_t back = packed >> 32;
-    if (front >= back) return false;
-    if (share.compare_exchange_weak(packed, front | (back - 1) << 32, std::memory_order_acq_rel)) {
-      *chunk = static_cast<int64_t>(back - 1);
+    const uint64_t next = from_back ? front | (back - 1) << 32 : (front + 1) | back << 32;
+    if (share.compare_exchange_weak(packed, next, std::memory_order_acq_rel)) {
+      *chunk = static_cast<int64_t>(from_back ? back - 1 : front);
       return true;
     }
   }

@@ -45,8 +45,7 @@ class ThreadPool {
   // Runs thread `index`'s share, then steals; every chunk of the current job runs once.
   void run_share(int index);
   // Claims the next chunk from the front (owner) or the back (thief) of share `t`.
-  bool claim_front(int t, int64_t* chunk);
-  bool claim_back(int t, int64_t* chunk);
+  bool claim(int t, bool from_back, int64_t* chunk);
   void run_chunk(int64_t chunk) const;
 
   std::vector<std::thread> workers_;
