@@ -34,17 +34,15 @@ TEST(ThreadPool, EveryIndexRunsOnceInTheFixedChunks) {
       for (int64_t i = 0; i < count; ++i) {
         ASSERT_EQ(runs[static_cast<size_t>(i)].load(), 1) << threads << " threads, count " << count << ", index " << i;
       }
-      for (const auto& [begin, end] : chunks) {
-        EXPECT_LT(begin, end) << "no empty chunk";
-        EXPECT_GE(begin, 0);
-        EXPECT_LE(end, count);
-      }
       // The chunks are the pool's: at most kChunksPerThread a thread, each a long run of indices
       // (count / chunks, give or take one), never split further.
       const int64_t most = std::min<int64_t>(count, int64_t{ThreadPool::kChunksPerThread} * threads);
       EXPECT_EQ(static_cast<int64_t>(chunks.size()), threads == 1 ? std::min<int64_t>(count, 1) : most)
           << threads << " threads, count " << count;
       for (const auto& [begin, end] : chunks) {
+        EXPECT_LT(begin, end) << "no empty chunk";
+        EXPECT_GE(begin, 0);
+        EXPECT_LE(end, count);
         if (threads > 1) {
           EXPECT_LE(end - begin, (count + most - 1) / most) << threads << " threads, count " << count;
         }
