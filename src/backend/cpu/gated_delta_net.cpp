@@ -46,16 +46,15 @@ void CpuBackend::conv1d_silu(const float* mixed, float* window, const DenseView&
   const int64_t C = dims.channels();
   const int64_t K = dims.conv_kernel;
   if (n == 1) {
+    const std::byte* w = weight.data;
     pool_.parallel_for(C, [&](int64_t begin, int64_t end) {
       if (weight.dtype == DType::F32) {
-        const std::byte* w = weight.data;
         conv1d_silu_one_token(mixed, window, [w](int64_t i) {
           float v;
           std::memcpy(&v, w + 4 * i, 4);  // may sit unaligned in the checkpoint's mapping
           return v;
         }, C, K, begin, end, out);
       } else {
-        const std::byte* w = weight.data;
         conv1d_silu_one_token(mixed, window, [w](int64_t i) { return cpu::load_bf16(w + 2 * i); }, C,
                               K, begin, end, out);
       }
