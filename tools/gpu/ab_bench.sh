@@ -5,11 +5,14 @@
 # LILY_GTEST_FILTER) and each base from `git archive` into /tmp/base-<commit> (lily only, once per
 # machine).
 #   AB_BASE    the base commit, or several separated by spaces (default HEAD: the device's .git is
-#              the session's starting snapshot); with several, each arm is named base-<commit>
+#              the session's starting snapshot); with several, each arm is named base-<commit>;
+#              set and empty: no base arm (the patch arms against the working tree)
 #   AB_PATCHES patch files (space-separated; untracked files travel to the device): each applied to a
 #              copy of the working tree and built as one more arm, named after the file
 #   AB_SPECS   space-separated context:kv-cache arms (default "131072:int8")
 #   AB_ROUNDS  rounds of (new, base) per arm (default 1)
+#   AB_LAB     1: each arm also builds tools/lab/moe_layer_lab and runs it after the benches
+#              (the MoE block alone per layer and its phase timeline), to $OUT/moe-lab-<arm>.txt
 # Writes $OUT/bench-<ctx>-<kv>-<arm>-r<round>.json and prints each run's summary line.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
@@ -17,16 +20,19 @@ out=${OUT:-/tmp/out}
 mkdir -p "$out"
 deps=$PWD/.deps/root/usr
 export LD_LIBRARY_PATH=$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-read -r -a bases <<<"${AB_BASE:-HEAD}"
+read -r -a bases <<<"${AB_BASE-HEAD}"
 read -r -a patches <<<"${AB_PATCHES:-}"
 start=$(date +%s)
 # Builds lily in the source tree $1 (in the background; its pid joins build_pids), log $2.
 build_pids=()
+lab=${AB_LAB:-0}
+targets=(lily) && [ "$lab" = 1 ] && targets+=(moe_layer_lab)
 build_lily() {
   (cmake -S "$1" -B "$1/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_BUILD_TESTS=OFF \
      -DLILY_WITH_SERVER=OFF -DLILY_WITH_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a -DCMAKE_PREFIX_PATH="$deps" \
+     -DLILY_BUILD_LAB=$([ "$lab" = 1 ] && echo ON || echo OFF) \
      -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json" >"$2" 2>&1 &&
-   nice cmake --build "$1/build" --target lily >>"$2" 2>&1; echo "build of $1: rc $?") &
+   nice cmake --build "$1/build" --target "${targets[@]}" >>"$2" 2>&1; echo "build of $1: rc $?") &
   build_pids+=($!)
 }
 # The arms in bench order: the working tree, each patch arm, each base.
@@ -47,7 +53,9 @@ for b in "${bases[@]}"; do
   fi
   arms+=("$([ ${#bases[@]} -eq 1 ] && echo base || echo "base-$b")") bins+=("$dir/build/lily")
 done
-LILY_STAGES=${LILY_STAGES:-tests} bash tools/gpu/run.sh
+stages=${LILY_STAGES:-tests}
+[ "$lab" = 1 ] && [[ ",$stages," != *",lab,"* ]] && stages+=,lab  # builds the working tree's lab
+LILY_STAGES=$stages bash tools/gpu/run.sh
 [ ${#build_pids[@]} -eq 0 ] || wait "${build_pids[@]}"
 ckpt=$PWD/build-gpu/full-seed1
 [ -f "$ckpt/model.safetensors.index.json" ] ||
@@ -64,4 +72,10 @@ for spec in ${AB_SPECS:-131072:int8}; do
     done
   done
 done
+if [ "$lab" = 1 ]; then
+  for i in "${!arms[@]}"; do
+    echo "== moe_layer_lab, arm ${arms[$i]}"
+    timeout 120 "$(dirname "${bins[$i]}")/moe_layer_lab" 2>&1 | tee "$out/moe-lab-${arms[$i]}.txt" | grep -v '^moe_layer:'
+  done
+fi
 echo "ab_bench: $(( $(date +%s) - start )) s"
