@@ -601,6 +601,9 @@ __global__ void __launch_bounds__(kThreads, 2) moe_layer_kernel(MoeLayerParams p
   // shared expert's units in warps 1.. while warp 0 routes measured slower: 29.3 against
   // 27.0 us; they now run in phase 1.)
   for (int64_t e = threadIdx.x; e < p.experts; e += kThreads) logits[e] = load_shared_result(p.router_logits + e);
+  // The shared expert's down gate, published by barrier 1 too: loaded here, off the path from
+  // the last SwiGLU to the second barrier's arrival.
+  const float down_gate = shared_down_gate(p);
   __syncthreads();
   if (threadIdx.x < 32) {
     int32_t id = 0;
@@ -630,7 +633,6 @@ __global__ void __launch_bounds__(kThreads, 2) moe_layer_kernel(MoeLayerParams p
   // loads its first down trip (the routing chose the experts; the weights depend on no other
   // block), so the loads overlap the wait and only the arithmetic waits for h. (Loaded before
   // a whole grid_barrier, they delayed the arrival: thread 0's fence waits for its own loads.)
-  const float down_gate = shared_down_gate(p);
   DownTrip first_down;
   const unsigned long long target = grid_arrive(p.barrier);
   if (warp * kDownRows < H) load_down_trip<EB>(p, ids, warp * kDownRows, lane, first_down);
