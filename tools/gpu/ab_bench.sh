@@ -13,7 +13,8 @@
 #   AB_ROUNDS  rounds of (new, base) per arm (default 1)
 #   AB_LAB     1: each arm also builds tools/lab/moe_layer_lab and runs it after the benches
 #              (the MoE block alone per layer and its phase timeline), to $OUT/moe-lab-<arm>.txt
-# Writes $OUT/bench-<ctx>-<kv>-<arm>-r<round>.json and prints each run's summary line.
+# Writes $OUT/bench-<ctx>-<kv>-<arm>-r<round>.json, prints each run's summary line, and packs
+# everything under $OUT into $OUT/ab-results.tgz.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 out=${OUT:-/tmp/out}
@@ -78,4 +79,6 @@ if [ "$lab" = 1 ]; then
     timeout 120 "$(dirname "${bins[$i]}")/moe_layer_lab" 2>&1 | tee "$out/moe-lab-${arms[$i]}.txt" | grep -v '^moe_layer:'
   done
 fi
+# The device tool returns a limited number of files: everything in one archive, named to sort first.
+tar -czf "$out/ab-results.tgz" -C "$out" --exclude=ab-results.tgz . 2>/dev/null || true
 echo "ab_bench: $(( $(date +%s) - start )) s"
