@@ -37,6 +37,12 @@
 #                                    nostream, noconv, nomoelayer: --cuda-disable moe-layer,
 #                                    kvf32 / kvbf16 / kvint8: --kv-cache f32 / bf16 / int8); LILY_NCU=0 skips Nsight Compute;
 #                                    LILY_NCU_DETAIL=<regex>: full sections of one kernel
+#                        ncu-stalls  where the decode's two biggest kernels stall, per span of SASS
+#                                    (tools/gpu/ncu_stalls.py on Nsight Compute's source page): the
+#                                    persistent MoE kernel (moe_layer_lab) and the 2048-wide
+#                                    projection GEMV (delta_net_layer_lab's op path), each with
+#                                    ncu's cache flush (--cache-control all) and without it (none),
+#                                    to ncu-stalls-<kernel>-<cc>.txt and ncu-stalls.tgz (the CSVs)
 #                        ncu-attention  Nsight Compute's full sections of the tensor-core decode
 #                                    attention at 131,073 keys: decode_tc_int8_kernel (cuda_tests'
 #                                    CudaInt8KvCache.LongHistory) and decode_tc_kernel (bf16,
@@ -104,7 +110,7 @@ if has_stage server || has_stage faults; then
 fi
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_BUILD_TESTS=OFF \
   -DLILY_BUILD_CUDA_TESTS=ON -DLILY_WITH_SERVER=$with_server -DLILY_WITH_CUDA=ON \
-  -DLILY_BUILD_LAB=$({ has_stage lab || has_stage timeline; } && echo ON || echo OFF) \
+  -DLILY_BUILD_LAB=$({ has_stage lab || has_stage timeline || has_stage ncu-stalls; } && echo ON || echo OFF) \
   -DCMAKE_CUDA_ARCHITECTURES="${LILY_CUDA_ARCHS:-90a}" -DCMAKE_PREFIX_PATH="$deps" \
   -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json" \
   -DGTest_DIR="$deps/lib/x86_64-linux-gnu/cmake/GTest" >"$out/cmake.log" 2>&1
@@ -112,6 +118,7 @@ cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_BUILD_TESTS=O
 targets=(lily)
 { has_stage tests || has_stage ptx || has_stage ncu-attention; } && targets+=(cuda_tests)
 has_stage lab && targets+=(moe_layer_lab delta_net_layer_lab attention_lab)
+has_stage ncu-stalls && targets+=(moe_layer_lab delta_net_layer_lab)
 cmake --build build-gpu --target "${targets[@]}" >>"$out/cmake.log" 2>&1 || { tail -60 "$out/cmake.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 lily=$PWD/build-gpu/lily
@@ -300,6 +307,26 @@ if has_stage tests; then
     --gtest_output=json:"$out/cuda_tests.json" >"$out/cuda_tests.log" 2>&1 || true
   echo "cuda_tests: $(( $(date +%s) - start )) s"
   grep -E "^\[  (PASSED|FAILED|SKIPPED) |tests ran" "$out/cuda_tests.log" | tail -40 || true
+fi
+
+if has_stage ncu-stalls; then
+  start=$(date +%s)
+  csvs=()
+  for arm in moe:moe_layer_kernel:moe_layer_lab gemv:"gemv_kernel<4, 1, 8":delta_net_layer_lab; do
+    IFS=: read -r name kernel lab <<<"$arm"
+    for cc in all none; do
+      rep=/tmp/ncu-stalls-$name-$cc
+      timeout 120 ncu --cache-control "$cc" --kernel-name-base demangled --section SourceCounters \
+        --section WarpStateStats -k "regex:$kernel" --launch-skip 20 --launch-count 1 -f -o "$rep" \
+        "./build-gpu/$lab" >"$rep.log" 2>&1 || echo "ncu-stalls $name $cc: rc $? ($(tail -1 "$rep.log"))"
+      ncu -i "$rep.ncu-rep" --page source --csv --print-source sass >"$rep.csv" 2>>"$rep.log" &&
+        python3 tools/gpu/ncu_stalls.py "$rep.csv" >"$out/ncu-stalls-$name-$cc.txt" 2>&1
+      head -12 "$out/ncu-stalls-$name-$cc.txt" 2>/dev/null
+      csvs+=("$(basename "$rep.csv")")
+    done
+  done
+  tar -czf "$out/ncu-stalls.tgz" -C /tmp "${csvs[@]}" 2>/dev/null || true
+  echo "ncu-stalls: $(( $(date +%s) - start )) s"
 fi
 
 if has_stage ncu-attention; then
