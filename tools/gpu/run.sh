@@ -312,16 +312,19 @@ fi
 if has_stage ncu-stalls; then
   start=$(date +%s)
   csvs=()
-  for arm in moe:moe_layer_kernel:moe_layer_lab gemv:"gemv_kernel<4, 1, 8":delta_net_layer_lab; do
+  # (ncu's demangled names spell template arguments as "(int)4".)
+  for arm in moe:moe_layer_kernel:moe_layer_lab gemv:"gemv_kernel<\(int\)4, \(int\)1, \(int\)8":delta_net_layer_lab; do
     IFS=: read -r name kernel lab <<<"$arm"
     for cc in all none; do
       rep=/tmp/ncu-stalls-$name-$cc
       timeout 120 ncu --cache-control "$cc" --kernel-name-base demangled --section SourceCounters \
         --section WarpStateStats -k "regex:$kernel" --launch-skip 20 --launch-count 1 -f -o "$rep" \
         "./build-gpu/$lab" >"$rep.log" 2>&1 || echo "ncu-stalls $name $cc: rc $? ($(tail -1 "$rep.log"))"
-      ncu -i "$rep.ncu-rep" --page source --csv --print-source sass >"$rep.csv" 2>>"$rep.log" &&
-        python3 tools/gpu/ncu_stalls.py "$rep.csv" >"$out/ncu-stalls-$name-$cc.txt" 2>&1
-      head -12 "$out/ncu-stalls-$name-$cc.txt" 2>/dev/null
+      if ! { ncu -i "$rep.ncu-rep" --page source --csv --print-source sass >"$rep.csv" 2>>"$rep.log" &&
+             python3 tools/gpu/ncu_stalls.py "$rep.csv" >"$out/ncu-stalls-$name-$cc.txt" 2>&1; }; then
+        echo "ncu-stalls $name $cc: no stall table ($(tail -1 "$rep.log"))"
+      fi
+      cat "$out/ncu-stalls-$name-$cc.txt" 2>/dev/null || true
       csvs+=("$(basename "$rep.csv")")
     done
   done
