@@ -48,7 +48,7 @@ for p in "${patches[@]}"; do
 done
 for b in "${bases[@]}"; do
   dir=/tmp/base-$b
-  if [ ! -x "$dir/build/lily" ]; then  # once per machine
+  if [ ! -x "$dir/build/lily" ] || { [ "$lab" = 1 ] && [ ! -x "$dir/build/moe_layer_lab" ]; }; then  # once per machine
     rm -rf "$dir" && mkdir -p "$dir" && git archive "$b" | tar -x -C "$dir"
     build_lily "$dir" "$out/base-$b-cmake.log"
   fi
