@@ -37,7 +37,13 @@ constexpr int kSwigluRows = 4;  // rows per SwiGLU unit, as moe_gemv.cu (any cou
 // pairs of warps instead of 128, so the first barrier does not wait on a few long units.
 constexpr int kSharedSwigluRows = 1;
 constexpr int kDownRows = 1;    // rows per down unit (moe_gemv.cu takes 2; a row's values do not depend on it)
-constexpr int kDownUnroll = 8;  // items per lane per trip, as moe_gemv.cu
+// Items per lane per trip: the model's row is 144 items (8 experts x 16 chunks + the shared
+// expert's 16), so 5 cover it in one trip; 8 (moe_gemv.cu's) left three item blocks that every
+// lane jumps over and one that half the lanes run, each a fetch of new code (Nsight: half the
+// down phase's stall samples were instruction fetch, ncu-stalls). A lane sums its items in the
+// same order for any trip length, so the values do not depend on it. Measured against 8 (H200,
+// MoE lab): 25.33 against 25.90 us a layer, decode +1.4% at 256 (docs/perf/bench-cuda.md).
+constexpr int kDownUnroll = 5;
 
 __device__ __forceinline__ void stamp(const MoeLayerParams& p, int phase) {
   if (p.timeline == nullptr || threadIdx.x != 0) return;
