@@ -64,6 +64,7 @@
 #   LILY_KV_CACHE      --kv-cache of the CUDA matrix (default: lily's, f32)
 #   LILY_CPU_CONTEXTS  CPU matrix contexts (default 256,512,1024); LILY_THREADS (default 16)
 #   LILY_GTEST_FILTER  gtest filter for cuda_tests (default all)
+#   LILY_BUILD_MOE_LAB 1: also build moe_layer_lab, without running any lab (ab_bench.sh's AB_LAB)
 #   LILY_CUDA_ARCHS    CMAKE_CUDA_ARCHITECTURES of the build (default 90a, the H200's own);
 #                      "90a-real;80-virtual" adds the PTX that CUDA_FORCE_PTX_JIT=1 runs
 # Needs the carried .deps/ (nlohmann-json, utf8proc and GoogleTest unpacked from Debian
@@ -110,7 +111,7 @@ if has_stage server || has_stage faults; then
 fi
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_BUILD_TESTS=OFF \
   -DLILY_BUILD_CUDA_TESTS=ON -DLILY_WITH_SERVER=$with_server -DLILY_WITH_CUDA=ON \
-  -DLILY_BUILD_LAB=$({ has_stage lab || has_stage timeline || has_stage ncu-stalls; } && echo ON || echo OFF) \
+  -DLILY_BUILD_LAB=$({ has_stage lab || has_stage timeline || has_stage ncu-stalls || [ "${LILY_BUILD_MOE_LAB:-0}" = 1 ]; } && echo ON || echo OFF) \
   -DCMAKE_CUDA_ARCHITECTURES="${LILY_CUDA_ARCHS:-90a}" -DCMAKE_PREFIX_PATH="$deps" \
   -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json" \
   -DGTest_DIR="$deps/lib/x86_64-linux-gnu/cmake/GTest" >"$out/cmake.log" 2>&1
@@ -119,6 +120,7 @@ targets=(lily)
 { has_stage tests || has_stage ptx || has_stage ncu-attention; } && targets+=(cuda_tests)
 has_stage lab && targets+=(moe_layer_lab delta_net_layer_lab attention_lab)
 has_stage ncu-stalls && targets+=(moe_layer_lab delta_net_layer_lab)
+[ "${LILY_BUILD_MOE_LAB:-0}" = 1 ] && targets+=(moe_layer_lab)
 cmake --build build-gpu --target "${targets[@]}" >>"$out/cmake.log" 2>&1 || { tail -60 "$out/cmake.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 lily=$PWD/build-gpu/lily
