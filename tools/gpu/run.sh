@@ -109,19 +109,23 @@ if has_stage server || has_stage faults; then
   [ -f "$deps/include/boost/version.hpp" ] || dpkg -x .deps/debs/libboost1.81-dev_*.deb .deps/root
   with_server=ON
 fi
+# Only what the stages need: the CUDA tests take about half of a fresh machine's build. The lab
+# (-DLILY_BUILD_LAB) is configured when a lab binary is wanted, or for the timeline's step_trace.
+targets=(lily)
+{ has_stage tests || has_stage ptx || has_stage ncu-attention; } && targets+=(cuda_tests)
+labs=()
+has_stage lab && labs+=(moe_layer_lab delta_net_layer_lab attention_lab)
+has_stage ncu-stalls && labs+=(moe_layer_lab delta_net_layer_lab)
+[ "${LILY_BUILD_MOE_LAB:-0}" = 1 ] && labs+=(moe_layer_lab)
+with_lab=OFF
+{ [ ${#labs[@]} -gt 0 ] || has_stage timeline; } && with_lab=ON
 cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_BUILD_TESTS=OFF \
   -DLILY_BUILD_CUDA_TESTS=ON -DLILY_WITH_SERVER=$with_server -DLILY_WITH_CUDA=ON \
-  -DLILY_BUILD_LAB=$({ has_stage lab || has_stage timeline || has_stage ncu-stalls || [ "${LILY_BUILD_MOE_LAB:-0}" = 1 ]; } && echo ON || echo OFF) \
+  -DLILY_BUILD_LAB=$with_lab \
   -DCMAKE_CUDA_ARCHITECTURES="${LILY_CUDA_ARCHS:-90a}" -DCMAKE_PREFIX_PATH="$deps" \
   -Dnlohmann_json_DIR="$deps/share/cmake/nlohmann_json" \
   -DGTest_DIR="$deps/lib/x86_64-linux-gnu/cmake/GTest" >"$out/cmake.log" 2>&1
-# Only what the stages need: the CUDA tests take about half of a fresh machine's build.
-targets=(lily)
-{ has_stage tests || has_stage ptx || has_stage ncu-attention; } && targets+=(cuda_tests)
-has_stage lab && targets+=(moe_layer_lab delta_net_layer_lab attention_lab)
-has_stage ncu-stalls && targets+=(moe_layer_lab delta_net_layer_lab)
-[ "${LILY_BUILD_MOE_LAB:-0}" = 1 ] && targets+=(moe_layer_lab)
-cmake --build build-gpu --target "${targets[@]}" >>"$out/cmake.log" 2>&1 || { tail -60 "$out/cmake.log"; exit 1; }
+cmake --build build-gpu --target "${targets[@]}" "${labs[@]}" >>"$out/cmake.log" 2>&1 || { tail -60 "$out/cmake.log"; exit 1; }
 echo "build: $(( $(date +%s) - start )) s"
 lily=$PWD/build-gpu/lily
 
