@@ -408,7 +408,9 @@ TEST(CudaMoeRoute, TiesPickLowestIdsAndInfinitiesHaveZeroWeight) {
 
 // The mixer after the input projections (conv, delta rule, gated norm, output projection) over
 // consecutive steps with carried window and state, three ways: the CUDA backend (for n = 1 the
-// conv runs inside the delta rule's launch and the window shifts in the projection's), the CUDA
+// conv runs inside the delta rule's launch and the window shifts in the projection's; on 9.0
+// code the gated norm runs in the delta rule's launch too, its output checked bit for bit
+// against the gated_rms_norm op on the same core output), the CUDA
 // backend with that fusion off (--cuda-disable fused-conv: the four ops) and the CPU backend.
 // The path counts show that the fused path ran for every one-token step, and never unfused.
 // A window shifted too early (before every block read it) or not at all, a wrong q/k/v channel
@@ -418,6 +420,9 @@ TEST(CudaGatedDeltaNetMixer, FusedConvStepsMatchTheThreeOps) {
   std::string why;
   std::unique_ptr<Backend> unfused = cuda_backend_or_null(CudaOptions::disabling("fused-conv"), &why);
   ASSERT_TRUE(unfused) << why;
+  // Compute capability 9.0 code: the gated norm runs inside the delta rule's launch too.
+  const bool clusters = be->code_path().find("gated norm inside the delta rule on") != std::string::npos;
+  if (!clusters) std::printf("[cuda] the gated norm runs as a launch of its own: %s\n", be->code_path().c_str());
   auto host = cpu(2);
   Rng rng(181);
   // Two value heads per key head; Dk != Dv in one; the model's shape.
@@ -452,6 +457,7 @@ TEST(CudaGatedDeltaNetMixer, FusedConvStepsMatchTheThreeOps) {
     Side sides[] = {side(*be, kMaxTokens), side(*unfused, kMaxTokens), side(*host, kMaxTokens)};
     // Five decode steps, a 3-token call (the op's unfused path on CUDA too), two more steps.
     const uint64_t fused_before = path_counts(*be).fused_conv_delta;
+    const uint64_t norm_before = path_counts(*be).gated_norm_in_delta;
     int step = 0;
     for (int64_t n : {1, 1, 1, 1, 1, 3, 1, 1}) {
       const std::string label = dl + " step " + std::to_string(step++) + " n=" + std::to_string(n);
@@ -460,15 +466,24 @@ TEST(CudaGatedDeltaNetMixer, FusedConvStepsMatchTheThreeOps) {
       const std::vector<float> z = rng.uniform_vector(un * Hv * Dv, -3.0f, 3.0f);
       const std::vector<float> a = rng.uniform_vector(un * Hv, -3.0f, 3.0f);
       const std::vector<float> b = rng.uniform_vector(un * Hv, -4.0f, 4.0f);
-      std::vector<std::vector<float>> y, state, window;
+      std::vector<std::vector<float>> y, state, window, normed;
       for (Side& x : sides) {
         Backend& b2 = *x.be;
-        b2.gated_delta_net_mixer(w, d, 1e-6f, to_device(b2, mixed), to_device(b2, z), to_device(b2, a),
+        float* z_dev = to_device(b2, z);
+        b2.gated_delta_net_mixer(w, d, 1e-6f, to_device(b2, mixed), z_dev, to_device(b2, a),
                                  to_device(b2, b), x.window, x.state, n, x.conv_out, x.core_out,
                                  x.normed, x.y);
         y.push_back(to_host(b2, x.y, un * H));
         state.push_back(to_host(b2, x.state, state_count));
         window.push_back(to_host(b2, x.window, window0.size()));
+        normed.push_back(to_host(b2, x.normed, un * Hv * Dv));
+        if (x.be == be.get()) {
+          // The gated norm as an op of its own on the mixer's core output: the same bits as the
+          // norm formed inside the delta rule's launch (same order of every sum and product).
+          float* again = b2.alloc(un * Hv * Dv);
+          b2.gated_rms_norm(x.core_out, z_dev, w.norm, n * d.value_heads, d.value_dim, 1e-6f, again);
+          EXPECT_EQ(normed.back(), to_host(b2, again, un * Hv * Dv)) << label << ": normed vs the op";
+        }
       }
       // The window only ever holds copied inputs: equal bit for bit on every side.
       EXPECT_EQ(window[0], window[2]) << label << ": fused window vs cpu";
@@ -481,10 +496,16 @@ TEST(CudaGatedDeltaNetMixer, FusedConvStepsMatchTheThreeOps) {
       // rule's code): within f32 rounding of each other, far below the CPU bound.
       EXPECT_LT(compare_f32(y[0], y[1]).normalised, 1e-6) << label << ": fused vs unfused y";
       EXPECT_LT(compare_f32(state[0], state[1]).normalised, 1e-6) << label << ": fused vs unfused state";
+      EXPECT_LT(compare_f32(normed[0], normed[1]).normalised, 1e-6) << label << ": fused vs unfused normed";
+      EXPECT_LT(report("cuda gated_delta_net_mixer", label + " normed vs cpu", normed[0], widen(normed[2])).normalised, kTol)
+          << label;
     }
     EXPECT_EQ(path_counts(*be).fused_conv_delta - fused_before, 7u) << dl << ": one per n = 1 step";
+    EXPECT_EQ(path_counts(*be).gated_norm_in_delta - norm_before, clusters ? 7u : 0u)
+        << dl << ": the gated norm inside the delta rule, one per n = 1 step";
   }
   EXPECT_EQ(path_counts(*unfused).fused_conv_delta, 0u);
+  EXPECT_EQ(path_counts(*unfused).gated_norm_in_delta, 0u);
 }
 
 // ---- graph capture ----------------------------------------------------------------------------

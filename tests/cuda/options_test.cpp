@@ -64,6 +64,10 @@ TEST(CudaOptions, EachDisabledPathStaysAtZero) {
   EXPECT_EQ(base.counts.pdl_launches > 0, pdl) << path;
   EXPECT_EQ(base.counts.stream_gemv, streams ? 1u : 0u) << path;
   EXPECT_EQ(base.counts.fused_conv_delta, 1u);
+  const bool norm_inside = path.find("gated norm inside the delta rule on") != std::string::npos;
+  EXPECT_EQ(base.counts.gated_norm_in_delta, norm_inside ? 1u : 0u) << path;
+  // Thread-block clusters come with compute capability 9.0 code, as PDL does.
+  EXPECT_EQ(norm_inside, pdl) << path;
   if (!pdl || !streams) {
     std::printf("[cuda] this device runs neither or not both Hopper paths: %s\n", path.c_str());
   }
@@ -85,6 +89,8 @@ TEST(CudaOptions, EachDisabledPathStaysAtZero) {
                            (disabled == "fused-conv" ? 1u : 0u);
     EXPECT_EQ(got.counts.gemv, base.counts.gemv + extra) << disabled;
     EXPECT_EQ(got.counts.fused_conv_delta, disabled != "fused-conv" ? 1u : 0u) << disabled;
+    EXPECT_EQ(got.counts.gated_norm_in_delta, norm_inside && disabled != "fused-conv" ? 1u : 0u)
+        << disabled << ": " << off_path;
     EXPECT_EQ(got.tall_y, base.tall_y) << disabled << ": the tall matmul changed";
     if (disabled == "fused-conv") {
       EXPECT_LT(compare_f32(got.mixer_y, base.mixer_y).normalised, 1e-6) << disabled;

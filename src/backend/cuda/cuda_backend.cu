@@ -176,6 +176,9 @@ CudaBackend::CudaBackend(const CudaOptions& options) : options_(options) {
   stream_gemv_.enabled =
       options_.stream_gemv && prop.major >= 9 && cuda::stream_gemv_built_for_device();
   stream_gemv_.max_shared_bytes = prop.sharedMemPerBlockOptin;
+  // The gated norm inside the fused mixer's delta rule launch needs thread-block clusters.
+  gated_norm_in_delta_ =
+      options_.fused_conv && prop.major >= 9 && cuda::gated_delta_norm_built_for_device();
   workspace_ = std::make_unique<CudaWorkspace>(stream_);
   LILY_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&pinned_reads_), 2 * sizeof(int32_t),
                                 cudaHostAllocDefault));
@@ -226,6 +229,8 @@ std::string CudaBackend::code_path() const {
   path += cuda::stream_gemv_enabled_for(2048, stream_gemv_) ? ", bulk-copy lm_head GEMV on"
                                                            : ", bulk-copy lm_head GEMV off";
   path += options_.fused_conv ? ", conv inside the delta rule on" : ", conv inside the delta rule off";
+  path += gated_norm_in_delta_ ? ", gated norm inside the delta rule on"
+                               : ", gated norm inside the delta rule off";
   path += cuda::tensor_core_decode_attention_fits() ? ", bf16 decode attention on tensor cores"
                                                     : ", bf16 decode attention on CUDA cores";
   // What was asked for, beside what runs: a path the device cannot run stays off even when on.
@@ -591,11 +596,18 @@ void CudaBackend::gated_delta_net_mixer(const GatedDeltaNetWeights& w,
   order_.check_read_before_wait(window, "conv window", op);
   order_.check_read_before_wait(state, "recurrent state", op);
   ++counts_.fused_conv_delta;
+  // The gated norm inside the same launch where clusters allow it, else a launch of its own.
+  const bool norm_inside = gated_norm_in_delta_ && cuda::gated_delta_norm_supports(d);
+  const cuda::DeltaGatedNorm norm{z, dense(w.norm), eps, normed};
   cuda::gated_delta_step(mixed, window, dense(w.conv1d), a, b, dense(w.a_log), dense(w.dt_bias),
-                         state, d, core_out, launch_);
+                         state, d, core_out, launch_, norm_inside ? &norm : nullptr);
   order_.wrote(state, "recurrent state", "gated_delta_net_mixer's delta rule");
-  // The gated norm, then the output projection, whose launch also shifts the window.
-  gated_rms_norm(core_out, z, w.norm, dims.value_heads, dims.value_dim, eps, normed);
+  if (norm_inside) {
+    ++counts_.gated_norm_in_delta;
+  } else {
+    gated_rms_norm(core_out, z, w.norm, dims.value_heads, dims.value_dim, eps, normed);
+  }
+  // The output projection, whose launch also shifts the window.
   const cuda::QuantMatrix& out_proj = quant(w.out_proj);
   const cuda::GemvTarget target{out_proj, 0, out_proj.rows(), y};
   const cuda::WindowShift shift{mixed, window, d.channels(), d.conv_kernel};

@@ -175,6 +175,9 @@ class CudaBackend final : public Backend {
   cuda::Stream launch_;
   // The bulk-copy lm_head GEMV: on where options_.stream_gemv and the device allow it.
   cuda::StreamGemvConfig stream_gemv_;
+  // The fused mixer's gated norm inside its delta rule launch (cuda::DeltaGatedNorm): where
+  // options_.fused_conv and the device and code allow thread-block clusters (9.0).
+  bool gated_norm_in_delta_ = false;
   std::string device_name_;
   // The device's compute capability and the code it runs (major * 10 + minor each): the
   // machine code's architecture and the PTX it came from (lower when JIT-compiled).

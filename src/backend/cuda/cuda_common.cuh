@@ -77,20 +77,30 @@ __device__ __forceinline__ void prefetch_l2(const void* p) {
 }
 
 // Launches `kernel` on `stream`, with the programmatic-serialization attribute when `pdl`
-// (counted in *stream.pdl_launches), and counts it in *stream.issued (LaunchOrder).
+// (counted in *stream.pdl_launches), in thread-block clusters of `cluster` blocks when that is
+// more than one (compute capability 9.0), and counts it in *stream.issued (LaunchOrder).
 template <typename... Params, typename... Args>
-void launch_on(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
-               const Stream& stream, bool pdl, Args... args) {
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = 1;
+void launch_with(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
+                 const Stream& stream, bool pdl, dim3 cluster, Args... args) {
+  cudaLaunchAttribute attributes[2] = {};
+  unsigned count = 0;
+  if (pdl) {
+    attributes[count].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attributes[count++].val.programmaticStreamSerializationAllowed = 1;
+  }
+  if (cluster.x * cluster.y * cluster.z > 1) {
+    attributes[count].id = cudaLaunchAttributeClusterDimension;
+    attributes[count].val.clusterDim.x = cluster.x;
+    attributes[count].val.clusterDim.y = cluster.y;
+    attributes[count++].val.clusterDim.z = cluster.z;
+  }
   cudaLaunchConfig_t config = {};
   config.gridDim = grid;
   config.blockDim = block;
   config.dynamicSmemBytes = shared_bytes;
   config.stream = stream.handle;
-  config.attrs = &attribute;
-  config.numAttrs = pdl ? 1 : 0;
+  config.attrs = attributes;
+  config.numAttrs = count;
   const cudaError_t status = cudaLaunchKernelEx(&config, kernel, static_cast<Params>(args)...);
   if (status != cudaSuccess) {
     (void)cudaGetLastError();  // clear it, so that the next launch check does not report it again
@@ -105,7 +115,14 @@ void launch_on(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_b
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
             const Stream& stream, Args... args) {
-  launch_on(kernel, grid, block, shared_bytes, stream, stream.pdl, args...);
+  launch_with(kernel, grid, block, shared_bytes, stream, stream.pdl, dim3(1, 1, 1), args...);
+}
+
+// The same in thread-block clusters of `cluster` blocks (compute capability 9.0 only).
+template <typename... Params, typename... Args>
+void launch_cluster(void (*kernel)(Params...), dim3 grid, dim3 cluster, dim3 block,
+                    size_t shared_bytes, const Stream& stream, Args... args) {
+  launch_with(kernel, grid, block, shared_bytes, stream, stream.pdl, cluster, args...);
 }
 
 // The launch of a kernel that does not call grid_dependency_wait() (the prefill's GEMMs and
@@ -115,7 +132,7 @@ void launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_byte
 template <typename... Params, typename... Args>
 void launch_serial(void (*kernel)(Params...), dim3 grid, dim3 block, size_t shared_bytes,
                    const Stream& stream, Args... args) {
-  launch_on(kernel, grid, block, shared_bytes, stream, false, args...);
+  launch_with(kernel, grid, block, shared_bytes, stream, false, dim3(1, 1, 1), args...);
 }
 
 // A stream operation that is not a kernel launch: counted in stream.issued as the launches

@@ -283,9 +283,22 @@ void gated_delta_rule(const float* conv, const float* a, const float* b, const f
 // f32 [C, K]; the rest as gated_delta_rule with n = 1. Supported: gated_delta_step_supports.
 inline constexpr int kFusedConvKernel = 4;  // the model's conv_kernel
 bool gated_delta_step_supports(const DeltaNetShape& d);
+// With `norm`, the same launch also forms norm->out = gated_rms_norm(out, norm->z, norm->gain)
+// per value head, bit-identical to gated_rms_norm (a head's column tiles are one thread-block
+// cluster): needs gated_delta_norm_supports(d) (value_dim <= 256) and code built for compute
+// capability 9.0 (gated_delta_norm_built_for_device) on a device of 9.0 or newer.
+struct DeltaGatedNorm {
+  const float* z = nullptr;     // [value_heads, value_dim]
+  const float* gain = nullptr;  // [value_dim] f32
+  float eps = 0.0f;
+  float* out = nullptr;         // [value_heads, value_dim]
+};
+bool gated_delta_norm_supports(const DeltaNetShape& d);
+bool gated_delta_norm_built_for_device();
 void gated_delta_step(const float* mixed, const float* window, const float* conv_weight,
                       const float* a, const float* b, const float* a_log, const float* dt_bias,
-                      float* state, const DeltaNetShape& d, float* out, Stream s);
+                      float* state, const DeltaNetShape& d, float* out, Stream s,
+                      const DeltaGatedNorm* norm = nullptr);
 // softmax over E logits, top-k (ties: lower id first), weights renormalised to sum 1.
 // logits [n, E]; ids [n, k] i32; weights [n, k]
 void moe_route(const float* logits, int64_t n, int64_t experts, int64_t k, int32_t* ids,

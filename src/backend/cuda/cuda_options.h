@@ -20,7 +20,8 @@ class Backend;
 struct CudaOptions {
   bool pdl = true;          // programmatic dependent launch (code built for sm_90+)
   bool stream_gemv = true;  // the bulk-copy lm_head GEMV (sm_90+ code, 144 KB shared memory)
-  bool fused_conv = true;   // the conv inside the one-token delta rule (gated_delta_net_mixer)
+  bool fused_conv = true;   // the conv (and, on 9.0, the gated norm) inside the one-token
+                            // delta rule (gated_delta_net_mixer)
   bool moe_layer = true;    // the decode plan's persistent MoE kernel (one launch per layer)
 
   // The names --cuda-disable takes, comma separated: "pdl, stream-gemv, fused-conv, moe-layer".
@@ -122,6 +123,7 @@ struct CudaPathCounts {
   uint64_t tensor_core_decode_attention = 0;  // attention, n == 1, bf16 cache, head_dim 256, groups of 8
   uint64_t int8_tensor_core_decode_attention = 0;  // the same shape over an int8 cache
   uint64_t fused_conv_delta = 0;     // gated_delta_net_mixer, n == 1: conv inside the delta rule
+  uint64_t gated_norm_in_delta = 0;  // ... and its gated norm in the same launch (clusters, 9.0)
   uint64_t pdl_launches = 0;         // kernels launched with programmatic dependent launch
 };
 

@@ -99,9 +99,11 @@ __device__ __forceinline__ float load_conv_input(const float* p) {
 // Tile (h, tile) of the delta rule for one token. Every thread of the 256-thread block calls
 // it. Before wait() it reads only what the previous phase does not write (the state, the
 // taps, the window, the per-head constants), so those loads overlap whatever wait() waits
-// for; after_compute() runs once the arithmetic is done, before the stores.
+// for; after_compute() runs once the arithmetic is done, before the stores. Returns the
+// thread's quad of outputs (threads t < kDecodeCols / 4 hold the tile's columns 4t..4t+3; zero
+// past value_dim), which it has also stored to p.out.
 template <int Dk, int K, bool kCoherent, typename Wait, typename AfterCompute>
-__device__ __forceinline__ void delta_decode_tile(const DeltaDecodeArgs p, int h, int tile,
+__device__ __forceinline__ float4 delta_decode_tile(const DeltaDecodeArgs p, int h, int tile,
                                                   Wait wait, AfterCompute after_compute) {
   static_assert(Dk % kDecodeRowGroups == 0 && Dk <= 128, "unsupported key_dim");
   static_assert(2 * Dk <= kDecodeThreads, "one q/k channel per thread");
@@ -247,7 +249,7 @@ __device__ __forceinline__ void delta_decode_tile(const DeltaDecodeArgs p, int h
   }
   const float4 o = column_sum(opart);
   after_compute();
-  if (!live) return;
+  if (!live) return make_float4(0.0f, 0.0f, 0.0f, 0.0f);
 #pragma unroll
   for (int r = 0; r < R; ++r) S[(rg + kDecodeRowGroups * r) * row_quads] = s[r];
   if (rg == 0) {
@@ -257,6 +259,7 @@ __device__ __forceinline__ void delta_decode_tile(const DeltaDecodeArgs p, int h
     o_col[2] = o.z;
     o_col[3] = o.w;
   }
+  return o;
 }
 
 }  // namespace lily::cuda::delta_detail

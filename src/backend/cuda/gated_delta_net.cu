@@ -9,6 +9,8 @@
 //                     multiple of key_heads; a 16-byte aligned state.
 //   gated_delta_step: the one-token delta rule with the conv fused in front: conv_kernel 4,
 //                     key_dim 32, 64 or 128; the window is read, not updated (WindowShift).
+//                     With the gated norm after it (DeltaGatedNorm): value_dim <= 256 and
+//                     code built for compute capability 9.0 (thread-block clusters).
 // The conv reads its window, and a one-token delta rule its state, before grid_dependency_wait
 // (see the kernels): they must not have been written by the launch immediately before (the
 // model always has other ops in between; the launch after next sees them).
@@ -17,6 +19,8 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+
+#include <cooperative_groups.h>
 
 #include "backend/cuda/cuda_common.cuh"
 #include "backend/cuda/cuda_ops.h"
@@ -352,6 +356,60 @@ __global__ void __launch_bounds__(kDecodeThreads) gated_delta_decode_kernel(Delt
       [] { grid_dependency_wait(); }, [] { allow_dependent_launch(); });
 }
 
+// ---- the one-token delta rule with the gated RMSNorm after it ---------------------------------
+// Why: the gated norm was a launch of its own in every Gated DeltaNet layer, a chain of its own
+// (wait, read, warp sum, write) for 16 KB. Here the T = ceil(Dv / 32) tiles of a value head form
+// one thread-block cluster: each tile puts its outputs in shared memory, and after a cluster
+// barrier warp 0 of every tile reads the head's Dv outputs through distributed shared memory and
+// forms the norm exactly as norm_warp_kernel<gated> does (lane l sums the squares of values
+// l, l + 32, ... in that order, then the same warp_sum; (x * inv) * gain * silu(z)), so `normed`
+// has the bits the two launches give. The tiles' grid is (Hv, T) with clusters of (1, T): a
+// tile's rank in its cluster is its column group.
+constexpr int kGatedNormMaxTiles = 8;  // the portable cluster size: value_dim <= 256
+
+template <int Dk, int K>
+__global__ void __launch_bounds__(kDecodeThreads)
+    gated_delta_norm_decode_kernel(DeltaDecodeArgs args, DeltaGatedNorm norm) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  namespace cg = cooperative_groups;
+  __shared__ float4 tile_out[kDecodeCols / 4];  // this tile's outputs, [32] f32
+  const int h = static_cast<int>(blockIdx.x);
+  const int tile = static_cast<int>(blockIdx.y);
+  const int Dv = args.value_dim;
+  const int lane = static_cast<int>(threadIdx.x) & 31;
+  const bool norms = threadIdx.x < 32;  // warp 0 forms the norm of the tile's columns
+  const int col = tile * kDecodeCols + lane;
+  const float gain = norms && col < Dv ? norm.gain[col] : 0.0f;  // a weight: before the wait
+  const float4 o = delta_decode_tile<Dk, K, false>(
+      args, h, tile, [] { grid_dependency_wait(); }, [] { allow_dependent_launch(); });
+  if (threadIdx.x < kDecodeCols / 4) tile_out[threadIdx.x] = o;
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();  // every tile of the head has its outputs in shared memory
+  if (norms) {
+    const float* own = reinterpret_cast<const float*>(tile_out);
+    float sum_sq = 0.0f;
+    for (int c = 0; c < static_cast<int>(gridDim.y); ++c) {
+      if (lane + kDecodeCols * c < Dv) {
+        const float v = cluster.map_shared_rank(own, c)[lane];
+        sum_sq = fmaf(v, v, sum_sq);
+      }
+    }
+    const float inv = rms_scale(warp_sum(sum_sq), Dv, norm.eps);
+    if (col < Dv) {
+      float y = own[lane] * inv * gain;
+      const float zi = norm.z[static_cast<int64_t>(h) * Dv + col];
+      y *= zi * sigmoidf_(zi);  // silu as the CPU forms it: z * sigmoid(z)
+      norm.out[static_cast<int64_t>(h) * Dv + col] = y;
+    }
+  }
+  cluster.sync();  // no tile exits while another may still read its shared memory
+#else
+  (void)args;
+  (void)norm;
+  __trap();  // never launched: gated_delta_norm_built_for_device() is false for this code
+#endif
+}
+
 template <int Dk, int K = 0>
 void launch_delta_decode(const float* conv, const float* a, const float* b, const float* a_log,
                          const float* dt_bias, float* state, const DeltaNetShape& d, float q_scale,
@@ -361,6 +419,15 @@ void launch_delta_decode(const float* conv, const float* a, const float* b, cons
   const DeltaDecodeArgs args{conv, fused, a, b, a_log, dt_bias, state, d.key_heads,
                              d.value_heads, d.value_dim, q_scale, out};
   launch(gated_delta_decode_kernel<Dk, K>, grid, kDecodeThreads, 0, s, args);
+}
+
+template <int Dk>
+void launch_delta_norm_decode(const DeltaDecodeArgs& args, const DeltaGatedNorm& norm,
+                              Stream s) {
+  const unsigned tiles = static_cast<unsigned>((args.value_dim + kDecodeCols - 1) / kDecodeCols);
+  launch_cluster(gated_delta_norm_decode_kernel<Dk, kFusedConvKernel>,
+                 dim3(static_cast<unsigned>(args.value_heads), tiles), dim3(1, tiles, 1),
+                 kDecodeThreads, 0, s, args, norm);
 }
 
 // One token: the decode kernel above. A few tokens: 8 columns per block for more, smaller blocks
@@ -418,9 +485,21 @@ bool gated_delta_step_supports(const DeltaNetShape& d) {
          (d.key_dim == 32 || d.key_dim == 64 || d.key_dim == 128);
 }
 
+bool gated_delta_norm_built_for_device() {
+  cudaFuncAttributes attributes{};
+  LILY_CUDA_CHECK(cudaFuncGetAttributes(&attributes,
+                                        gated_delta_norm_decode_kernel<128, kFusedConvKernel>));
+  return attributes.ptxVersion >= 90;  // 80: the JIT-compiled compute_80 PTX, no clusters
+}
+
+bool gated_delta_norm_supports(const DeltaNetShape& d) {
+  return gated_delta_step_supports(d) && d.value_dim <= kGatedNormMaxTiles * kDecodeCols;
+}
+
 void gated_delta_step(const float* mixed, const float* window, const float* conv_weight,
                       const float* a, const float* b, const float* a_log, const float* dt_bias,
-                      float* state, const DeltaNetShape& d, float* out, Stream s) {
+                      float* state, const DeltaNetShape& d, float* out, Stream s,
+                      const DeltaGatedNorm* norm) {
   check_delta_shape(d, "gated_delta_step");
   if (!gated_delta_step_supports(d)) {
     throw std::invalid_argument("cuda::gated_delta_step: needs conv_kernel " +
@@ -430,6 +509,20 @@ void gated_delta_step(const float* mixed, const float* window, const float* conv
   }
   const FusedConv fused{mixed, window, conv_weight};
   const float q_scale = query_scale(d);
+  if (norm != nullptr) {
+    if (!gated_delta_norm_supports(d)) {
+      throw std::invalid_argument("cuda::gated_delta_step: the gated norm inside needs value_dim <= " +
+                                  std::to_string(kGatedNormMaxTiles * kDecodeCols) + ", got " +
+                                  std::to_string(d.value_dim));
+    }
+    const DeltaDecodeArgs args{nullptr, fused, a, b, a_log, dt_bias, state, d.key_heads,
+                               d.value_heads, d.value_dim, q_scale, out};
+    switch (d.key_dim) {
+      case 32: return launch_delta_norm_decode<32>(args, *norm, s);
+      case 64: return launch_delta_norm_decode<64>(args, *norm, s);
+      default: return launch_delta_norm_decode<128>(args, *norm, s);
+    }
+  }
   switch (d.key_dim) {
     case 32:
       return launch_delta_decode<32, kFusedConvKernel>(nullptr, a, b, a_log, dt_bias, state, d,
