@@ -47,9 +47,10 @@ bool poisons_context(cudaError_t status);
 //     stays ordered along the stream, which later kernels rely on).
 // `allow_dependent_launch()` lets the next kernel launch before this one ends; kernels call
 // it once their main loop is done (the next kernel's blocks then land on SMs as this one's
-// finish), except the small ones of pure latency (norms, attention's q/k prepare and combine),
-// which call it right after their wait, so that the GEMV after them loads its weights while
-// they run (+5-7% decode at 256 on an H100, docs/perf/bench-cuda.md). Never before the wait:
+// finish), except the small ones of pure latency (norms, attention's q/k prepare and combine,
+// the one-token delta rule with the gated norm inside), which call it right after their wait,
+// so that the GEMV after them loads its weights while they run (+5-7% decode at 256 on an
+// H100, docs/perf/bench-cuda.md). Never before the wait:
 // calling it at the very start measured slower (273 vs 318 tok/s on an H200: the next
 // kernels' waiting blocks fill the SMs early and the chain of launches runs ahead), and the
 // first rule above holds only because a kernel lets the next one launch after it has waited
