@@ -418,24 +418,24 @@ __global__ void __launch_bounds__(kDecodeThreads)
 #endif
 }
 
+// The one-token delta rule; with `norm` (the fused conv only, K > 0), the kernel that also forms
+// the gated norm, its grid's column tiles of a value head as one cluster.
 template <int Dk, int K = 0>
 void launch_delta_decode(const float* conv, const float* a, const float* b, const float* a_log,
                          const float* dt_bias, float* state, const DeltaNetShape& d, float q_scale,
-                         float* out, Stream s, const FusedConv& fused = FusedConv{}) {
+                         float* out, Stream s, const FusedConv& fused = FusedConv{},
+                         const DeltaGatedNorm* norm = nullptr) {
   const dim3 grid(static_cast<unsigned>(d.value_heads),
                   static_cast<unsigned>((d.value_dim + kDecodeCols - 1) / kDecodeCols));
   const DeltaDecodeArgs args{conv, fused, a, b, a_log, dt_bias, state, d.key_heads,
                              d.value_heads, d.value_dim, q_scale, out};
+  if constexpr (K > 0) {
+    if (norm != nullptr) {
+      return launch_cluster(gated_delta_norm_decode_kernel<Dk, K>, grid, dim3(1, grid.y, 1),
+                            kDecodeThreads, 0, s, args, *norm);
+    }
+  }
   launch(gated_delta_decode_kernel<Dk, K>, grid, kDecodeThreads, 0, s, args);
-}
-
-template <int Dk>
-void launch_delta_norm_decode(const DeltaDecodeArgs& args, const DeltaGatedNorm& norm,
-                              Stream s) {
-  const unsigned tiles = static_cast<unsigned>((args.value_dim + kDecodeCols - 1) / kDecodeCols);
-  launch_cluster(gated_delta_norm_decode_kernel<Dk, kFusedConvKernel>,
-                 dim3(static_cast<unsigned>(args.value_heads), tiles), dim3(1, tiles, 1),
-                 kDecodeThreads, 0, s, args, norm);
 }
 
 // One token: the decode kernel above. A few tokens: 8 columns per block for more, smaller blocks
@@ -517,30 +517,21 @@ void gated_delta_step(const float* mixed, const float* window, const float* conv
   }
   const FusedConv fused{mixed, window, conv_weight};
   const float q_scale = query_scale(d);
-  if (norm != nullptr) {
-    if (!gated_delta_norm_supports(d)) {
-      throw std::invalid_argument("cuda::gated_delta_step: the gated norm inside needs value_dim <= " +
-                                  std::to_string(kGatedNormMaxTiles * kDecodeCols) + ", got " +
-                                  std::to_string(d.value_dim));
-    }
-    const DeltaDecodeArgs args{nullptr, fused, a, b, a_log, dt_bias, state, d.key_heads,
-                               d.value_heads, d.value_dim, q_scale, out};
-    switch (d.key_dim) {
-      case 32: return launch_delta_norm_decode<32>(args, *norm, s);
-      case 64: return launch_delta_norm_decode<64>(args, *norm, s);
-      default: return launch_delta_norm_decode<128>(args, *norm, s);
-    }
+  if (norm != nullptr && !gated_delta_norm_supports(d)) {
+    throw std::invalid_argument("cuda::gated_delta_step: the gated norm inside needs value_dim <= " +
+                                std::to_string(kGatedNormMaxTiles * kDecodeCols) + ", got " +
+                                std::to_string(d.value_dim));
   }
   switch (d.key_dim) {
     case 32:
       return launch_delta_decode<32, kFusedConvKernel>(nullptr, a, b, a_log, dt_bias, state, d,
-                                                       q_scale, out, s, fused);
+                                                       q_scale, out, s, fused, norm);
     case 64:
       return launch_delta_decode<64, kFusedConvKernel>(nullptr, a, b, a_log, dt_bias, state, d,
-                                                       q_scale, out, s, fused);
+                                                       q_scale, out, s, fused, norm);
     default:
       return launch_delta_decode<128, kFusedConvKernel>(nullptr, a, b, a_log, dt_bias, state, d,
-                                                        q_scale, out, s, fused);
+                                                        q_scale, out, s, fused, norm);
   }
 }
 
