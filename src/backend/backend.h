@@ -355,9 +355,12 @@ class Backend {
 // docs/precision.md). exact: f32 on the dequantised codes, the reference path. fast: the input
 // quantised per group of 64 in two int8 planes and integer dot products against the codes (AVX-512 VNNI,
 // AVX-VNNI or AVX2: backend/cpu/int8_dot.h), about 5e-5 relative per dot; the prefill's products
-// bit for bit the decode's.
-enum class CpuPrecision { exact, fast };
+// bit for bit the decode's. q8: the same integer dots on one int8 plane (llama.cpp's Q8
+// activations): half the integer work, about 1e-2 relative per dot.
+enum class CpuPrecision { exact, fast, q8 };
 const char* cpu_precision_name(CpuPrecision precision);
+// The int8 planes a precision quantises activations into: 0 (exact: none), 2 (fast), 1 (q8).
+int cpu_precision_planes(CpuPrecision precision);
 
 // The CPU backend (src/backend/cpu). threads = 0: all cores.
 std::unique_ptr<Backend> make_cpu_backend(int threads, CpuPrecision precision = CpuPrecision::exact);

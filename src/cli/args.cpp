@@ -229,13 +229,15 @@ CpuPrecision cpu_precision_from(const Args& args) {
   }
   if (*text == "exact") return CpuPrecision::exact;
   if (*text == "fast") return CpuPrecision::fast;
-  throw InputError(args.source("cpu-precision") + " is \"" + *text + "\", expected exact or fast");
+  if (*text == "q8") return CpuPrecision::q8;
+  throw InputError(args.source("cpu-precision") + " is \"" + *text + "\", expected exact, fast or q8");
 }
 
 OptionSpec cpu_precision_option() {
   return {"cpu-precision", true,
-          "CPU matrix products (decode and prefill): exact (f32, the default) or fast (int8 dot "
-          "products, about 5e-5 relative per dot; docs/precision.md)"};
+          "CPU matrix products (decode and prefill): exact (f32, the default), fast (int8 dot "
+          "products on two activation planes, about 5e-5 relative per dot) or q8 (one plane, "
+          "llama.cpp's 8-bit activations: faster, about 1e-2 relative per dot); docs/precision.md"};
 }
 
 CudaOptions cuda_options_from(const Args& args) {

@@ -14,7 +14,21 @@
 namespace lily {
 
 const char* cpu_precision_name(CpuPrecision precision) {
-  return precision == CpuPrecision::fast ? "fast" : "exact";
+  switch (precision) {
+    case CpuPrecision::exact: return "exact";
+    case CpuPrecision::fast: return "fast";
+    case CpuPrecision::q8: return "q8";
+  }
+  return "unknown";
+}
+
+int cpu_precision_planes(CpuPrecision precision) {
+  switch (precision) {
+    case CpuPrecision::exact: return 0;
+    case CpuPrecision::fast: return 2;
+    case CpuPrecision::q8: return 1;
+  }
+  return 0;
 }
 
 std::unique_ptr<Backend> make_cpu_backend(int threads, CpuPrecision precision) {
@@ -23,8 +37,9 @@ std::unique_ptr<Backend> make_cpu_backend(int threads, CpuPrecision precision) {
 
 std::string CpuBackend::code_path() const {
   if (precision_ == CpuPrecision::exact) return "one-token GEMVs in f32 (--cpu-precision exact)";
-  return std::string("GEMVs and prefill GEMMs by int8 dot products, ") + cpu::int8_dot_isa() +
-         " (--cpu-precision fast)";
+  return std::string("GEMVs and prefill GEMMs by int8 dot products, ") +
+         (precision_ == CpuPrecision::q8 ? "one activation plane, " : "two activation planes, ") +
+         cpu::int8_dot_isa() + " (--cpu-precision " + cpu_precision_name(precision_) + ")";
 }
 
 CpuBackend::DecodeInput& CpuBackend::decode_input(size_t index) {

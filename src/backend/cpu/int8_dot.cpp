@@ -117,13 +117,12 @@ template <int Bits>
 float row_dot_scalar(const Row& r, const Q8Activations& x) {
   float acc[kBlock] = {};
   for (int64_t g = 0; g < r.groups; ++g) {
-    const Plane hi = hi_plane(x);
-    const Plane lo = lo_plane(x);
-    const int32_t isum =
-        Bits == 4 ? combine(q4_group_scalar(r.codes + g * 32, q4_even(hi, g), q4_even(hi, g) + 64),
-                            q4_group_scalar(r.codes + g * 32, q4_even(lo, g), q4_even(lo, g) + 64))
-                  : combine(q8_group_scalar(r.codes + g * 64, hi.natural + g * kGroup),
-                            q8_group_scalar(r.codes + g * 64, lo.natural + g * kGroup));
+    const auto plane_sum = [&](const Plane& p) {
+      return Bits == 4 ? q4_group_scalar(r.codes + g * 32, q4_even(p, g), q4_even(p, g) + 64)
+                       : q8_group_scalar(r.codes + g * 64, p.natural + g * kGroup);
+    };
+    const int32_t hi_sum = plane_sum(hi_plane(x));
+    const int32_t isum = x.planes == 1 ? hi_sum : combine(hi_sum, plane_sum(lo_plane(x)));
     float& lane = acc[g % kBlock];
     lane = lane + group_term(r, x, g, isum);
   }
@@ -218,13 +217,14 @@ LILY_TARGET_AVX2 inline float reduce_accumulators(__m256 acc) {
     return reduce_accumulators(acc);                                          \
   }
 
-// Both planes' partials of a path whose group sums take one plane (`PLANE_SUMS(r, plane, g,
-// count, v)`), combined lane by lane.
+// The input's planes' partials (both combined lane by lane, or the hi plane's alone) of a path
+// whose group sums take one plane (`PLANE_SUMS(r, plane, g, count, v)`).
 #define LILY_BOTH_PLANES(NAME, TARGET, PLANE_SUMS)                                              \
   TARGET inline void NAME(const Row& r, const Q8Activations& x, int64_t g, int64_t count,      \
                           __m256i* v) {                                                         \
-    __m256i lo[kBlock];                                                                         \
     PLANE_SUMS(r, hi_plane(x), g, count, v);                                                    \
+    if (x.planes == 1) return;                                                                  \
+    __m256i lo[kBlock];                                                                         \
     PLANE_SUMS(r, lo_plane(x), g, count, lo);                                                   \
     for (int64_t k = 0; k < count; ++k) v[k] = combine8(v[k], lo[k]);                           \
   }
@@ -244,8 +244,8 @@ LILY_TARGET_AVX2 inline __m256i q8_group_avx2(const uint8_t* c, const int8_t* xq
   return s;
 }
 
-// Q4 with both planes at once: the group's codes loaded and split into nibbles once for the two
-// planes. The pair sums are at most 2 * 15 * 127 = 3810 and two of them 7620, far below the i16
+// Q4 with both planes at once (or the hi plane alone): the group's codes loaded and split into
+// nibbles once for the two planes. The pair sums are at most 2 * 15 * 127 = 3810 and two of them 7620, far below the i16
 // saturation of vpmaddubsw.
 LILY_TARGET_AVX2 inline void q4_sums_avx2(const Row& r, const Q8Activations& x, int64_t g,
                                           int64_t count, __m256i* v) {
@@ -258,9 +258,13 @@ LILY_TARGET_AVX2 inline void q4_sums_avx2(const Row& r, const Q8Activations& x, 
     const __m256i lo = _mm256_and_si256(codes, mask);                         // elements 2i
     const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(codes, 4), mask);  // elements 2i+1
     const int8_t* xh = q4_even(hi_x, g + k);
-    const int8_t* xl = q4_even(lo_x, g + k);
     const __m256i ph = _mm256_add_epi16(_mm256_maddubs_epi16(lo, loadu256(xh)),
                                         _mm256_maddubs_epi16(hi, loadu256(xh + 64)));
+    if (x.planes == 1) {
+      v[k] = _mm256_madd_epi16(ph, ones);
+      continue;
+    }
+    const int8_t* xl = q4_even(lo_x, g + k);
     const __m256i pl = _mm256_add_epi16(_mm256_maddubs_epi16(lo, loadu256(xl)),
                                         _mm256_maddubs_epi16(hi, loadu256(xl + 64)));
     v[k] = combine8(_mm256_madd_epi16(ph, ones), _mm256_madd_epi16(pl, ones));
@@ -439,8 +443,9 @@ LILY_TARGET_AVX2 inline __m256 epilogue8_loaded(__m256 acc, __m256i isum, __m256
   return _mm256_add_ps(acc, _mm256_add_ps(d, b));
 }
 
-// One block of 8 groups (count of them present, all 8 when Full) of R rows against tn tokens.
-template <int R, bool Full>
+// One block of 8 groups (count of them present, all 8 when Full) of R rows against tn tokens
+// quantised in Planes planes.
+template <int R, bool Full, int Planes>
 LILY_TARGET_AVX512_VNNI inline void q4_block_avx512(const Row* rows, const Q8Activations* const* xs,
                                                     int64_t tn, int64_t g, int64_t count, Acc* acc) {
   const int pairs = Full ? 4 : static_cast<int>((count + 1) / 2);
@@ -467,7 +472,7 @@ LILY_TARGET_AVX512_VNNI inline void q4_block_avx512(const Row* rows, const Q8Act
   for (int64_t t = 0; t < tn; ++t) {
     const Q8Activations& x = *xs[t];
     const int8_t* xh = x.q4_order.data() + g * 64;     // pair p: evens at p * 128, odds 64 on
-    const int8_t* xl = x.q4_order_lo.data() + g * 64;
+    const int8_t* xl = Planes == 2 ? x.q4_order_lo.data() + g * 64 : nullptr;
     for (int r = 0; r < R; ++r) {
       __m512i s[4];
       for (int p = 0; p < 4; ++p) {
@@ -475,6 +480,10 @@ LILY_TARGET_AVX512_VNNI inline void q4_block_avx512(const Row* rows, const Q8Act
         if (p >= pairs) continue;
         __m512i v = _mm512_dpbusd_epi32(zero, lo[r][p], _mm512_loadu_si512(xh + p * 128));
         v = _mm512_dpbusd_epi32(v, hi[r][p], _mm512_loadu_si512(xh + p * 128 + 64));
+        if (Planes == 1) {
+          s[p] = v;
+          continue;
+        }
         v = _mm512_slli_epi32(v, 7);
         v = _mm512_dpbusd_epi32(v, lo[r][p], _mm512_loadu_si512(xl + p * 128));
         s[p] = _mm512_dpbusd_epi32(v, hi[r][p], _mm512_loadu_si512(xl + p * 128 + 64));
@@ -488,7 +497,7 @@ LILY_TARGET_AVX512_VNNI inline void q4_block_avx512(const Row* rows, const Q8Act
   }
 }
 
-template <int R, bool Full>
+template <int R, bool Full, int Planes>
 LILY_TARGET_AVX512_VNNI inline void q8_block_avx512(const Row* rows, const Q8Activations* const* xs,
                                                     int64_t tn, int64_t g, int64_t count, Acc* acc) {
   const int present = Full ? kBlock : static_cast<int>(count);
@@ -508,15 +517,18 @@ LILY_TARGET_AVX512_VNNI inline void q8_block_avx512(const Row* rows, const Q8Act
   for (int64_t t = 0; t < tn; ++t) {
     const Q8Activations& x = *xs[t];
     const int8_t* xh = x.natural.data() + g * kGroup;
-    const int8_t* xl = x.natural_lo.data() + g * kGroup;
+    const int8_t* xl = Planes == 2 ? x.natural_lo.data() + g * kGroup : nullptr;
     for (int r = 0; r < R; ++r) {
       __m512i s[kBlock];
       for (int k = 0; k < kBlock; ++k) {
         s[k] = zero;
         if (k >= present) continue;
-        const __m512i v = _mm512_slli_epi32(
-            _mm512_dpbusd_epi32(zero, c[r][k], _mm512_loadu_si512(xh + k * kGroup)), 7);
-        s[k] = _mm512_dpbusd_epi32(v, c[r][k], _mm512_loadu_si512(xl + k * kGroup));
+        const __m512i v = _mm512_dpbusd_epi32(zero, c[r][k], _mm512_loadu_si512(xh + k * kGroup));
+        if (Planes == 1) {
+          s[k] = v;
+          continue;
+        }
+        s[k] = _mm512_dpbusd_epi32(_mm512_slli_epi32(v, 7), c[r][k], _mm512_loadu_si512(xl + k * kGroup));
       }
       const __m256i isum = reduce_groups_avx512(s);
       float* a = acc[r][t];
@@ -528,7 +540,7 @@ LILY_TARGET_AVX512_VNNI inline void q8_block_avx512(const Row* rows, const Q8Act
 }
 
 // R rows (located) against n tokens: y[t * y_stride + r].
-template <int R, int Bits>
+template <int R, int Bits, int Planes>
 LILY_TARGET_AVX512_VNNI void tile_avx512(const Row* rows, const Q8Activations* const* xs, int64_t n,
                                          float* y, int64_t y_stride) {
   alignas(32) Acc acc[static_cast<size_t>(R)];
@@ -541,16 +553,16 @@ LILY_TARGET_AVX512_VNNI void tile_avx512(const Row* rows, const Q8Activations* c
     int64_t g = 0;
     for (; g + kBlock <= groups; g += kBlock) {
       if (Bits == 4) {
-        q4_block_avx512<R, true>(rows, xs + t0, tn, g, kBlock, acc);
+        q4_block_avx512<R, true, Planes>(rows, xs + t0, tn, g, kBlock, acc);
       } else {
-        q8_block_avx512<R, true>(rows, xs + t0, tn, g, kBlock, acc);
+        q8_block_avx512<R, true, Planes>(rows, xs + t0, tn, g, kBlock, acc);
       }
     }
     if (g < groups) {
       if (Bits == 4) {
-        q4_block_avx512<R, false>(rows, xs + t0, tn, g, groups - g, acc);
+        q4_block_avx512<R, false, Planes>(rows, xs + t0, tn, g, groups - g, acc);
       } else {
-        q8_block_avx512<R, false>(rows, xs + t0, tn, g, groups - g, acc);
+        q8_block_avx512<R, false, Planes>(rows, xs + t0, tn, g, groups - g, acc);
       }
     }
     for (int r = 0; r < R; ++r) {
@@ -561,7 +573,7 @@ LILY_TARGET_AVX512_VNNI void tile_avx512(const Row* rows, const Q8Activations* c
   }
 }
 
-template <int Bits>
+template <int Bits, int Planes>
 LILY_TARGET_AVX512_VNNI void tokens_avx512(const QuantView& w, int64_t row_begin, int64_t rows,
                                            const Q8Activations* const* xs, int64_t n, float* y,
                                            int64_t y_stride) {
@@ -575,11 +587,11 @@ LILY_TARGET_AVX512_VNNI void tokens_avx512(const QuantView& w, int64_t row_begin
     for (; r + kRowTile <= rows; r += kRowTile) {
       Row tile[kRowTile];
       for (int i = 0; i < kRowTile; ++i) tile[i] = locate(w, row_begin + r + i);
-      tile_avx512<kRowTile, Bits>(tile, xs + t0, tn, yp + r, y_stride);
+      tile_avx512<kRowTile, Bits, Planes>(tile, xs + t0, tn, yp + r, y_stride);
     }
     for (; r < rows; ++r) {
       const Row one = locate(w, row_begin + r);
-      tile_avx512<1, Bits>(&one, xs + t0, tn, yp + r, y_stride);
+      tile_avx512<1, Bits, Planes>(&one, xs + t0, tn, yp + r, y_stride);
     }
   }
 }
@@ -640,6 +652,7 @@ void check(const char* op, const QuantView& w, int64_t row_begin, int64_t rows,
   const auto total = static_cast<int64_t>(w.rows());
   const bool ok = (w.bits == 4 || w.bits == 8) && w.codes != nullptr && w.scales != nullptr &&
                   w.biases != nullptr && static_cast<int64_t>(w.in) == x.in && x.in > 0 &&
+                  (x.planes == 1 || x.planes == 2) &&
                   x.in % kGroup == 0 && row_begin >= 0 && rows >= 0 && row_begin <= total &&
                   rows <= total - row_begin;
   if (ok) return;
@@ -653,6 +666,8 @@ void check(const char* op, const QuantView& w, int64_t row_begin, int64_t rows,
   require(x.in > 0 && x.in % kGroup == 0, op,
           "activations of " + std::to_string(x.in) + " elements, expected a positive multiple of 64 "
           "(quantize_activations fills them)");
+  require(x.planes == 1 || x.planes == 2, op,
+          "activations in " + std::to_string(x.planes) + " planes, expected 1 or 2");
   require(false, op,
           "rows [" + std::to_string(row_begin) + ", " + std::to_string(row_begin + rows) +
               ") outside weight " + w.name + "'s " + std::to_string(total) + " rows");
@@ -660,7 +675,8 @@ void check(const char* op, const QuantView& w, int64_t row_begin, int64_t rows,
 
 // One group of quantize_activations: xg f32 [64] to the hi and lo planes' nat int8 [64]
 // (element order) and even int8 [32] / even + 64 int8 [32] (Q4 order), the combined code's
-// unit scale and the sum. False (outputs unspecified) when an
+// unit scale and the sum; with nat_lo null, the hi plane alone, its unit scale and the sum of
+// what it approximates. False (outputs unspecified) when an
 // element is not finite. Cloned per target like the f32 kernels (quantisation runs once per input
 // vector, not per row, but is a tenth of a 2048-row product when not vectorised); every clone
 // computes the same bits: max, division and rounding are exact IEEE operations, and the sum's
@@ -678,6 +694,25 @@ LILY_CPU_CLONES bool quantize_group(const float* xg, int8_t* nat, int8_t* even, 
     amax = std::max(amax, a);
   }
   if (bad != 0) return false;
+  const float s = amax / 127.0f;
+  if (nat_lo == nullptr) {  // one plane: hi = nearest(x / s), x ~ s * hi, sum = s * sum(hi)
+    int32_t hi_sum = 0;
+    if (s > 0.0f) {
+      for (int i = 0; i < kGroup; ++i) {
+        nat[i] = static_cast<int8_t>(std::nearbyint(xg[i] / s));
+        hi_sum += nat[i];
+      }
+    } else {
+      for (int i = 0; i < kGroup; ++i) nat[i] = 0;
+    }
+    scale = s;
+    sum = s * static_cast<float>(hi_sum);  // |hi_sum| <= 8128: exact in f32, one rounding
+    for (int j = 0; j < 32; ++j) {
+      even[j] = nat[2 * j];
+      even[64 + j] = nat[2 * j + 1];
+    }
+    return true;
+  }
   // Added in float64, rounded once to f32: as close to the exact sum as f32 can be but for a
   // double rounding in rare cases.
   double part[8] = {};
@@ -691,7 +726,6 @@ LILY_CPU_CLONES bool quantize_group(const float* xg, int8_t* nat, int8_t* even, 
   // in [-1/2, 1/2] and exact in f32 (hi is the nearest integer to x / s); times 128 (exact) and
   // rounded it is the lo code, in [-64, 64]. x is then 128 * hi + lo units of s / 128, off by at
   // most s / 256: 128 times closer than hi alone. A zero group (s = 0) gets codes 0, not 0 / 0.
-  const float s = amax / 127.0f;
   scale = s / 128.0f;  // exact (a power of two) unless s is subnormal
   if (s > 0.0f) {
     for (int i = 0; i < kGroup; ++i) {
@@ -741,23 +775,28 @@ bool int8_isa_supported(Int8Isa isa) {
   return false;
 }
 
-void quantize_activations(const float* x, int64_t in, Q8Activations& out) {
+void quantize_activations(const float* x, int64_t in, Q8Activations& out, int planes) {
   require(in > 0 && in % kGroup == 0, "quantize_activations",
           "input of " + std::to_string(in) + " elements, expected a positive multiple of 64");
+  require(planes == 1 || planes == 2, "quantize_activations",
+          std::to_string(planes) + " planes, expected 1 or 2");
   const int64_t groups = in / kGroup;
   const int64_t pairs = (groups + 1) / 2;
+  const bool two = planes == 2;
   out.in = in;
+  out.planes = planes;
   out.natural.resize(static_cast<size_t>(in));
-  out.natural_lo.resize(static_cast<size_t>(in));
+  out.natural_lo.resize(two ? static_cast<size_t>(in) : 0);
   out.q4_order.assign(static_cast<size_t>(pairs * 128), 0);  // zeros: a lone last group's partner
-  out.q4_order_lo.assign(static_cast<size_t>(pairs * 128), 0);
+  out.q4_order_lo.assign(two ? static_cast<size_t>(pairs * 128) : 0, 0);
   out.scales.resize(static_cast<size_t>(groups));
   out.sums.resize(static_cast<size_t>(groups));
   for (int64_t g = 0; g < groups; ++g) {
     const float* xg = x + g * kGroup;
     const int64_t q4_at = (g / 2) * 128 + (g % 2) * 32;
     if (!quantize_group(xg, out.natural.data() + g * kGroup, out.q4_order.data() + q4_at,
-                        out.natural_lo.data() + g * kGroup, out.q4_order_lo.data() + q4_at,
+                        two ? out.natural_lo.data() + g * kGroup : nullptr,
+                        two ? out.q4_order_lo.data() + q4_at : nullptr,
                         out.scales[static_cast<size_t>(g)], out.sums[static_cast<size_t>(g)])) {
       int64_t bad = 0;
       while (std::isfinite(xg[bad])) ++bad;
@@ -794,13 +833,21 @@ void int8_rows_dot_tokens(const QuantView& w, int64_t row_begin, int64_t rows,
     if (xs[t] == nullptr) require(false, kOp, "token " + std::to_string(t) + " is null");
     // The full check once (the weight, the rows), then only the widths: one call per op chunk.
     if (t == 0 || xs[t]->in != xs[0]->in) check(kOp, w, row_begin, rows, *xs[t]);
+    if (xs[t]->planes != xs[0]->planes) {
+      require(false, kOp,
+              "token " + std::to_string(t) + " is quantised in " + std::to_string(xs[t]->planes) +
+                  " planes, token 0 in " + std::to_string(xs[0]->planes) + ": expected one count for the call");
+    }
   }
   if (isa == Int8Isa::automatic) isa = best();
   if (isa == Int8Isa::avx512_vnni && int8_isa_supported(isa)) {
+    const bool one = xs[0]->planes == 1;
     if (w.bits == 4) {
-      tokens_avx512<4>(w, row_begin, rows, xs, n, y, y_stride);
+      one ? tokens_avx512<4, 1>(w, row_begin, rows, xs, n, y, y_stride)
+          : tokens_avx512<4, 2>(w, row_begin, rows, xs, n, y, y_stride);
     } else {
-      tokens_avx512<8>(w, row_begin, rows, xs, n, y, y_stride);
+      one ? tokens_avx512<8, 1>(w, row_begin, rows, xs, n, y, y_stride)
+          : tokens_avx512<8, 2>(w, row_begin, rows, xs, n, y, y_stride);
     }
     return;
   }

@@ -31,19 +31,29 @@ const char* int8_isa_name(Int8Isa isa);
 // Whether this CPU can run the path (`automatic` and `scalar`: always).
 bool int8_isa_supported(Int8Isa isa);
 
-// An f32 input vector x [in] quantised for the integer dots, in two int8 planes. in % 64 == 0.
-// Per group g of 64 elements, with s = max|x| / 127 (f32): the hi code is the nearest integer
-// of x / s (ties to even), in [-127, 127] (-128 is never produced: the range is symmetric);
-// the lo code is the nearest integer of (x / s - hi) * 128, in [-64, 64]. x is approximated by
-// the combined code 128 * hi + lo times scale[g] = s / 128, within s / 256: one int8 plane
-// alone (within s / 2) costs the model's logits about 1e-1 on the tiny goldens, two cost a
-// second integer dot per code vector. An all-zero group has scale 0 and codes 0. sums[g] is
-// the sum of the group's unquantised x, added in float64 and rounded once to f32, for the
-// bias term: only the scale term is quantised, w_bias * sum(x) stays as exact as in the f32
-// path.
+// An f32 input vector x [in] quantised for the integer dots, in one or two int8 planes.
+// in % 64 == 0. Per group g of 64 elements, with s = max|x| / 127 (f32): the hi code is the
+// nearest integer of x / s (ties to even), in [-127, 127] (-128 is never produced: the range is
+// symmetric). An all-zero group has scale 0 and codes 0.
+//
+// Two planes (--cpu-precision fast): the lo code is the nearest integer of (x / s - hi) * 128,
+// in [-64, 64]. x is approximated by the combined code 128 * hi + lo times scale[g] = s / 128,
+// within s / 256. sums[g] is the sum of the group's unquantised x, added in float64 and rounded
+// once to f32, for the bias term: only the scale term is quantised, w_bias * sum(x) stays as
+// exact as in the f32 path.
+//
+// One plane (--cpu-precision q8, llama.cpp's Q8 activations): x is approximated by hi times
+// scale[g] = s, within s / 2, and sums[g] is the sum of that approximation, s * sum(hi) (the
+// integer sum exact, one f32 rounding). Summing the quantised x in the bias term too makes the
+// row dot's error sum_i w_i e_i, weighted by the centred weights, where the exact sum would
+// leave s * sum_i q_i e_i, weighted by the raw codes (about twice as large for Q4: the codes
+// average 7.5). Half the integer dots of two planes, and about 128 times the error:
+// docs/precision.md.
 struct Q8Activations {
   int64_t in = 0;
-  // int8 [in]: element i at index i (the order of Q8 codes: byte i is element i). hi, lo.
+  int planes = 2;  // 1 or 2
+  // int8 [in]: element i at index i (the order of Q8 codes: byte i is element i). hi, lo (lo
+  // empty with one plane).
   std::vector<int8_t> natural;
   std::vector<int8_t> natural_lo;
   // int8 [pairs * 128], pairs = ceil(groups / 2): Q4 order. Byte i of a Q4 group holds
@@ -55,21 +65,23 @@ struct Q8Activations {
   // p * 128 + (g % 2) * 32 and its odds 64 bytes further. A missing last group of an odd
   // count is zeros.
   std::vector<int8_t> q4_order;
-  std::vector<int8_t> q4_order_lo;  // the lo plane in the same order
-  std::vector<float> scales;  // f32 [groups]: the unit of the combined code, s / 128
+  std::vector<int8_t> q4_order_lo;  // the lo plane in the same order (empty with one plane)
+  std::vector<float> scales;  // f32 [groups]: the unit of the (combined) code, s / 128 or s
   std::vector<float> sums;    // f32 [groups]
 
   int64_t groups() const { return in / 64; }
 };
 
-// Quantises x [in] (f32) into `out` (resized; reusable across calls). Errors
-// (std::invalid_argument): in <= 0 or in % 64 != 0, or a non-finite element (a NaN or
-// infinity has no int8 code; the f32 path would carry it on, this one must refuse).
-void quantize_activations(const float* x, int64_t in, Q8Activations& out);
+// Quantises x [in] (f32) into `out` in `planes` (1 or 2) int8 planes (resized; reusable
+// across calls). Errors (std::invalid_argument): in <= 0 or in % 64 != 0, planes not 1 or 2, or
+// a non-finite element (a NaN or infinity has no int8 code; the f32 path would carry it on, this
+// one must refuse).
+void quantize_activations(const float* x, int64_t in, Q8Activations& out, int planes = 2);
 
 // sum_c W[row, c] x[c] for one row of a Q4 or Q8 MLX affine weight, with x quantised:
 // per group g, t[g] = (w_scale[g] * x_scale[g]) * float(sum_i q_i * (128 hi_i + lo_i)) +
-// w_bias[g] * sums[g], the integer sum exact in int32 (two integer dots, combined), the rest in
+// w_bias[g] * sums[g] (one plane: sum_i q_i * hi_i), the integer sum exact in int32 (two integer
+// dots, combined, or one), the rest in
 // f32 (multiply, multiply, multiply, add; never
 // fused). The t[g] are added into 8 f32 accumulators (group g into g % 8, in order of g),
 // then reduced as ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)). Every path evaluates
@@ -91,7 +103,7 @@ void int8_rows_dot(const QuantView& w, int64_t row_begin, int64_t rows, const Q8
 // one expert); y f32, rows <= y_stride. Blocked rows x tokens: each row's codes are loaded and
 // split into nibbles once per tile of tokens and reused for all of them (docs/perf/cpu.md).
 // Errors (std::invalid_argument): those of int8_rows_dot, n < 0, a null token or y, a token of
-// another width than w.in, y_stride < rows.
+// another width or plane count than the first, y_stride < rows.
 void int8_rows_dot_tokens(const QuantView& w, int64_t row_begin, int64_t rows,
                           const Q8Activations* const* xs, int64_t n, float* y, int64_t y_stride,
                           Int8Isa isa = Int8Isa::automatic);

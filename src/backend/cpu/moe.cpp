@@ -113,7 +113,7 @@ void CpuBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const
   }
   const ExpertGroups groups(ids, n * k, gate.experts);
   const auto used = static_cast<int64_t>(groups.experts.size());
-  if (precision_ == CpuPrecision::fast) {  // prefill on integer dots: the tokens quantised once
+  if (precision_ != CpuPrecision::exact) {  // prefill on integer dots: the tokens quantised once
     const cpu::Q8Activations* const* tokens = quantize_tokens(x, n, in, 0, "expert_swiglu");
     const std::vector<int64_t> starts = gather_tokens(groups, tokens, k, expert_ptrs_);
     pool_.parallel_for(used * I, [&](int64_t begin, int64_t end) {
@@ -220,7 +220,7 @@ void CpuBackend::expert_down_combine(const QuantView& down, const float* h, cons
     return;
   }
   const ExpertGroups groups(ids, n * k, down.experts);
-  if (precision_ == CpuPrecision::fast) {
+  if (precision_ != CpuPrecision::exact) {
     // Prefill on integer dots: the n * k slots and the n shared rows quantised once; per chunk
     // of output rows, every slot's dot (expert by expert) and the shared dots, then combined per
     // token in slot order as decode does, so out[t] is bit for bit the n == 1 result.

@@ -223,9 +223,9 @@ namespace lily {
 // Here, beside prepare_input's definition: a target_clones function called from another file
 // gets a resolver there that may not find the clones at link time.
 void CpuBackend::DecodeInput::prepare(const float* x, int64_t in, CpuPrecision precision) {
-  fast = precision == CpuPrecision::fast;
+  fast = precision != CpuPrecision::exact;
   if (fast) {
-    cpu::quantize_activations(x, in, q8);
+    cpu::quantize_activations(x, in, q8, cpu_precision_planes(precision));
     return;
   }
   if (permuted.size() < static_cast<size_t>(in)) permuted.resize(static_cast<size_t>(in));
@@ -255,7 +255,7 @@ const cpu::Q8Activations* const* CpuBackend::quantize_tokens(const float* x, int
     for (int64_t t = begin; t < stop; ++t) {
       cpu::Q8Activations& q = prefill_q8_[first + static_cast<size_t>(t)];
       try {
-        cpu::quantize_activations(x + t * in, in, q);
+        cpu::quantize_activations(x + t * in, in, q, cpu_precision_planes(precision_));
       } catch (const std::invalid_argument&) {
         int64_t seen = bad.load();
         while (t < seen && !bad.compare_exchange_weak(seen, t)) {
@@ -266,7 +266,8 @@ const cpu::Q8Activations* const* CpuBackend::quantize_tokens(const float* x, int
   });
   if (const int64_t t = bad.load(); t < count) {
     try {
-      cpu::quantize_activations(x + t * in, in, prefill_q8_[first + static_cast<size_t>(t)]);
+      cpu::quantize_activations(x + t * in, in, prefill_q8_[first + static_cast<size_t>(t)],
+                                cpu_precision_planes(precision_));
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(std::string(op) + ": input row " + std::to_string(t) + ": " + e.what());
     }
@@ -278,7 +279,7 @@ void CpuBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, con
                         int64_t n, float* y) {
   contract::check_matmul(w, row_begin, rows, x, n, y);
   const auto in = static_cast<int64_t>(w.in);
-  if (n > 1 && precision_ == CpuPrecision::fast) {
+  if (n > 1 && precision_ != CpuPrecision::exact) {
     // Prefill on integer dots: the n tokens quantised once, each row tile's codes unpacked
     // once for many tokens; y[t, r] is bit for bit what n == 1 gives for token t.
     const cpu::Q8Activations* const* xs = quantize_tokens(x, n, in, 0, "matmul");

@@ -1,4 +1,4 @@
-// Micro-benchmark (not a test): a 2048 x 4096 Q4 matrix-vector product on one thread, the f32 decode dot vs the int8 kernel on each path, and the many-token (prefill) products.
+// Micro-benchmark (not a test): a 2048 x 4096 Q4 matrix-vector product on one thread, the f32 decode dot vs the int8 kernel (two planes, then one) on each path, and the many-token (prefill) products.
 // Usage: int8_dot_bench [repetitions (default 50)]. Prints the best of the repetitions per path.
 #include <algorithm>
 #include <chrono>
@@ -77,71 +77,78 @@ int run(int reps) {
     return 1;
   }
 
-  cpu::Q8Activations xa;
-  const double quantise = best_of(reps, [&] { cpu::quantize_activations(x.data(), kIn, xa); });
-  std::printf("%-34s %10.2f\n", "quantize_activations (us)", quantise * 1e6);
-  std::vector<float> y_int8(kRows), y_scalar(kRows);  // f32 [2048]
-  cpu::int8_rows_dot(v, 0, kRows, xa, y_scalar.data(), cpu::Int8Isa::scalar);
-  for (cpu::Int8Isa isa : {cpu::Int8Isa::avx512_vnni, cpu::Int8Isa::avx_vnni, cpu::Int8Isa::avx2,
-                           cpu::Int8Isa::scalar}) {
-    if (!cpu::int8_isa_supported(isa)) {
-      std::printf("%-34s (not on this CPU)\n", (std::string("int8 ") + cpu::int8_isa_name(isa)).c_str());
-      continue;
-    }
-    const double t = best_of(reps, [&] { cpu::int8_rows_dot(v, 0, kRows, xa, y_int8.data(), isa); });
-    line(std::string("int8 ") + cpu::int8_isa_name(isa) + " (dots only)", t);
-    if (y_int8 != y_scalar) {
-      std::fprintf(stderr, "error: the %s path differs from the scalar path\n", cpu::int8_isa_name(isa));
-      return 1;
-    }
-  }
-  const cpu::Int8Isa best = cpu::Int8Isa::automatic;
-  line(std::string("int8 ") + cpu::int8_isa_name(best) + " + quantize", best_of(reps, [&] {
-         cpu::quantize_activations(x.data(), kIn, xa);
-         cpu::int8_rows_dot(v, 0, kRows, xa, y_int8.data(), best);
-       }));
-  std::printf("int8 vs f32 result: normalised difference %.3e (the activation quantisation)\n",
-              normalised_diff(y_int8, y_f32));
-
-  // Prefill: the same matrix times 64 and 256 tokens, one thread. The f32 path is the backend's
-  // matmul (dequantise each row, f32 dots per token); the int8 one int8_rows_dot_tokens on the
-  // quantised tokens (quantisation timed separately), checked bit for bit against one-token dots.
-  std::printf("%-34s %10s %10s %10s\n", "many tokens", "ms", "G MAC/s", "");
-  for (int64_t n : {64, 256}) {
-    const std::vector<float> xn = rng.uniform_vector(static_cast<size_t>(n * kIn), -1.0f, 1.0f);  // f32 [n, 4096]
-    std::vector<cpu::Q8Activations> q(static_cast<size_t>(n));
-    std::vector<const cpu::Q8Activations*> ptrs;
-    for (int64_t t = 0; t < n; ++t) {
-      cpu::quantize_activations(xn.data() + t * kIn, kIn, q[static_cast<size_t>(t)]);
-      ptrs.push_back(&q[static_cast<size_t>(t)]);
-    }
-    const double macs = static_cast<double>(kRows) * kIn * static_cast<double>(n);
-    auto mline = [&](const std::string& name, double seconds) {
-      std::printf("%-34s %10.2f %10.2f\n", name.c_str(), seconds * 1e3, macs / seconds / 1e9);
-    };
-    const int few = std::max(1, reps / 10);
-    std::vector<float> yn(static_cast<size_t>(n * kRows));  // f32 [n, 2048]
-    mline("f32 matmul n=" + std::to_string(n), best_of(few, [&] {
-            backend->matmul(v, 0, kRows, xn.data(), n, yn.data());
-          }));
-    for (cpu::Int8Isa isa : {cpu::Int8Isa::avx512_vnni, cpu::Int8Isa::avx_vnni, cpu::Int8Isa::avx2}) {
-      if (!cpu::int8_isa_supported(isa)) continue;
-      mline(std::string("int8 tokens ") + cpu::int8_isa_name(isa) + " n=" + std::to_string(n), best_of(few, [&] {
-              cpu::int8_rows_dot_tokens(v, 0, kRows, ptrs.data(), n, yn.data(), kRows, isa);
-            }));
-      for (int64_t t = 0; t < n; t += 37) {
-        cpu::int8_rows_dot(v, 0, kRows, q[static_cast<size_t>(t)], y_int8.data(), cpu::Int8Isa::scalar);
-        if (!std::equal(y_int8.begin(), y_int8.end(), yn.begin() + t * kRows)) {
-          std::fprintf(stderr, "error: int8_rows_dot_tokens (%s) differs from int8_rows_dot at token %lld\n",
-                       cpu::int8_isa_name(isa), static_cast<long long>(t));
-          return 1;
-        }
+  // The int8 kernels with the activations in two planes (--cpu-precision fast), then one (q8).
+  for (int planes : {2, 1}) {
+    const std::string tag = planes == 2 ? "int8 " : "int8 1-plane ";
+    Rng xr(8);  // the same tokens for both
+    cpu::Q8Activations xa;
+    const double quantise = best_of(reps, [&] { cpu::quantize_activations(x.data(), kIn, xa, planes); });
+    std::printf("%-34s %10.2f\n", (tag + "quantize_activations (us)").c_str(), quantise * 1e6);
+    std::vector<float> y_int8(kRows), y_scalar(kRows);  // f32 [2048]
+    cpu::int8_rows_dot(v, 0, kRows, xa, y_scalar.data(), cpu::Int8Isa::scalar);
+    for (cpu::Int8Isa isa : {cpu::Int8Isa::avx512_vnni, cpu::Int8Isa::avx_vnni, cpu::Int8Isa::avx2,
+                             cpu::Int8Isa::scalar}) {
+      if (!cpu::int8_isa_supported(isa)) {
+        std::printf("%-34s (not on this CPU)\n", (tag + cpu::int8_isa_name(isa)).c_str());
+        continue;
+      }
+      const double t = best_of(reps, [&] { cpu::int8_rows_dot(v, 0, kRows, xa, y_int8.data(), isa); });
+      line(tag + cpu::int8_isa_name(isa) + " (dots only)", t);
+      if (y_int8 != y_scalar) {
+        std::fprintf(stderr, "error: the %s path differs from the scalar path\n", cpu::int8_isa_name(isa));
+        return 1;
       }
     }
-    const double qt = best_of(few, [&] {
-      for (int64_t t = 0; t < n; ++t) cpu::quantize_activations(xn.data() + t * kIn, kIn, q[static_cast<size_t>(t)]);
-    });
-    std::printf("%-34s %10.2f\n", ("quantize " + std::to_string(n) + " tokens (ms)").c_str(), qt * 1e3);
+    const cpu::Int8Isa best = cpu::Int8Isa::automatic;
+    line(tag + cpu::int8_isa_name(best) + " + quantize", best_of(reps, [&] {
+           cpu::quantize_activations(x.data(), kIn, xa, planes);
+           cpu::int8_rows_dot(v, 0, kRows, xa, y_int8.data(), best);
+         }));
+    std::printf("%svs f32 result: normalised difference %.3e (the activation quantisation)\n",
+                tag.c_str(), normalised_diff(y_int8, y_f32));
+
+    // Prefill: the same matrix times 64 and 256 tokens, one thread. The f32 path is the backend's
+    // matmul (dequantise each row, f32 dots per token); the int8 one int8_rows_dot_tokens on the
+    // quantised tokens (quantisation timed separately), checked bit for bit against one-token dots.
+    std::printf("%-34s %10s %10s %10s\n", "many tokens", "ms", "G MAC/s", "");
+    for (int64_t n : {64, 256}) {
+      const std::vector<float> xn = xr.uniform_vector(static_cast<size_t>(n * kIn), -1.0f, 1.0f);  // f32 [n, 4096]
+      std::vector<cpu::Q8Activations> q(static_cast<size_t>(n));
+      std::vector<const cpu::Q8Activations*> ptrs;
+      for (int64_t t = 0; t < n; ++t) {
+        cpu::quantize_activations(xn.data() + t * kIn, kIn, q[static_cast<size_t>(t)], planes);
+        ptrs.push_back(&q[static_cast<size_t>(t)]);
+      }
+      const double macs = static_cast<double>(kRows) * kIn * static_cast<double>(n);
+      auto mline = [&](const std::string& name, double seconds) {
+        std::printf("%-34s %10.2f %10.2f\n", name.c_str(), seconds * 1e3, macs / seconds / 1e9);
+      };
+      const int few = std::max(1, reps / 10);
+      std::vector<float> yn(static_cast<size_t>(n * kRows));  // f32 [n, 2048]
+      if (planes == 2) {
+        mline("f32 matmul n=" + std::to_string(n), best_of(few, [&] {
+                backend->matmul(v, 0, kRows, xn.data(), n, yn.data());
+              }));
+      }
+      for (cpu::Int8Isa isa : {cpu::Int8Isa::avx512_vnni, cpu::Int8Isa::avx_vnni, cpu::Int8Isa::avx2}) {
+        if (!cpu::int8_isa_supported(isa)) continue;
+        mline(tag + "tokens " + cpu::int8_isa_name(isa) + " n=" + std::to_string(n), best_of(few, [&] {
+                cpu::int8_rows_dot_tokens(v, 0, kRows, ptrs.data(), n, yn.data(), kRows, isa);
+              }));
+        for (int64_t t = 0; t < n; t += 37) {
+          cpu::int8_rows_dot(v, 0, kRows, q[static_cast<size_t>(t)], y_int8.data(), cpu::Int8Isa::scalar);
+          if (!std::equal(y_int8.begin(), y_int8.end(), yn.begin() + t * kRows)) {
+            std::fprintf(stderr, "error: int8_rows_dot_tokens (%s) differs from int8_rows_dot at token %lld\n",
+                         cpu::int8_isa_name(isa), static_cast<long long>(t));
+            return 1;
+          }
+        }
+      }
+      const double qt = best_of(few, [&] {
+        for (int64_t t = 0; t < n; ++t) cpu::quantize_activations(xn.data() + t * kIn, kIn, q[static_cast<size_t>(t)], planes);
+      });
+      std::printf("%-34s %10.2f\n", (tag + "quantize " + std::to_string(n) + " tokens (ms)").c_str(), qt * 1e3);
+    }
   }
   return 0;
 }

@@ -122,6 +122,7 @@ inline void check_golden(const std::filesystem::path& file, Backend& backend, in
 
   size_t compared = 0;
   double worst = 0;
+  std::string flip = "no greedy flip";
   for (size_t i = 0; i < expected.size(); ++i) {
     std::map<int32_t, double> ours;
     for (const auto& [id, logit] : result.steps[i]) ours[id] = static_cast<double>(logit);
@@ -143,13 +144,15 @@ inline void check_golden(const std::filesystem::path& file, Backend& backend, in
     if (result.tokens[i] != expected[i]) {
       // Only a near tie may flip the greedy choice; after it the contexts differ.
       EXPECT_LE(margins[i], margin_tolerance) << "step " << i << " token differs";
+      flip = "a greedy flip at step " + std::to_string(i) + " (golden top-2 margin " +
+             std::to_string(margins[i]) + ")";
       break;
     }
   }
   EXPECT_GE(compared, 1u);
-  std::printf("%s on %s (KV cache %s): %zu of %zu steps compared, worst relative logit error %.3g\n",
+  std::printf("%s on %s (KV cache %s): %zu of %zu steps compared, worst relative logit error %.3g, %s\n",
               file.filename().c_str(), backend.name().c_str(), kv_dtype_name(kv_cache), compared,
-              expected.size(), worst);
+              expected.size(), worst, flip.c_str());
 }
 
 }  // namespace lily::testing
