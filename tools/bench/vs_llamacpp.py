@@ -217,7 +217,7 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--contexts", default="256,4096", help="comma-separated contexts (default 256,4096)")
     p.add_argument("--rounds", type=int, default=2, help="rounds, >= 1 (default 2)")
     p.add_argument("--decode-steps", type=int, default=32, help="decode tokens per run (default 32)")
-    p.add_argument("--cpu-precision", choices=("exact", "fast"), default=None,
+    p.add_argument("--cpu-precision", choices=("exact", "fast", "q8"), default=None,
                    help="lily's --cpu-precision (default: lily's default, exact)")
     p.add_argument("--timeout", type=float, default=0.0,
                    help="seconds one engine invocation may run (default 0: no limit)")

@@ -38,7 +38,8 @@ std::unique_ptr<Backend> make_cpu_backend(int threads, CpuPrecision precision) {
 std::string CpuBackend::code_path() const {
   if (precision_ == CpuPrecision::exact) return "one-token GEMVs in f32 (--cpu-precision exact)";
   return std::string("GEMVs and prefill GEMMs by int8 dot products, ") +
-         (precision_ == CpuPrecision::q8 ? "one activation plane, " : "two activation planes, ") +
+         (precision_ == CpuPrecision::q8 ? "one activation plane (two for 8-bit weights), "
+                                         : "two activation planes, ") +
          cpu::int8_dot_isa() + " (--cpu-precision " + cpu_precision_name(precision_) + ")";
 }
 

@@ -172,7 +172,7 @@ class CpuBackend : public Backend {
     std::vector<float> permuted;
     std::vector<float> sums;
     cpu::Q8Activations q8;
-    void prepare(const float* x, int64_t in, CpuPrecision precision);
+    void prepare(const float* x, int64_t in, int planes);  // planes: planes_for(w); 0 = f32
     float dot(const QuantView& w, int64_t row) const;  // sum_c W[row, c] x[c]
     // y[r] = dot(w, row_begin + r) for r in [0, rows): y f32 [rows]. One call streams the rows
     // in order (the fast path's int8_rows_dot checks the range once).
@@ -186,7 +186,15 @@ class CpuBackend : public Backend {
   // (prefill_ptrs_ + first, valid until the next call). A non-finite element is an
   // std::invalid_argument naming op and the row.
   const cpu::Q8Activations* const* quantize_tokens(const float* x, int64_t count, int64_t in,
-                                                   size_t first, const char* op);
+                                                   size_t first, int planes, const char* op);
+
+  // The int8 planes the input of w is quantised into: 0 for exact (f32), 2 for fast; for q8,
+  // 1, except 2 for 8-bit weights (the router and the shared expert's gate in this model:
+  // the expert choice is discontinuous, and their products are a few percent of a token's).
+  int planes_for(const QuantView& w) const {
+    const int planes = cpu_precision_planes(precision_);
+    return planes == 1 && w.bits == 8 ? 2 : planes;
+  }
 
   ThreadPool pool_;
   CpuPrecision precision_;

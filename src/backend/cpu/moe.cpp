@@ -105,7 +105,7 @@ void CpuBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const
   const auto in = static_cast<int64_t>(gate.in);
   if (n == 1) {  // decode: every (slot, row) is independent work
     DecodeInput& input = decode_input(0);
-    input.prepare(x, in, precision_);
+    input.prepare(x, in, planes_for(gate));
     pool_.parallel_for(k * I, [&](int64_t begin, int64_t end) {
       swiglu_items(input, gate, up, ids, I, begin, end, h);
     });
@@ -114,7 +114,7 @@ void CpuBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const
   const ExpertGroups groups(ids, n * k, gate.experts);
   const auto used = static_cast<int64_t>(groups.experts.size());
   if (precision_ != CpuPrecision::exact) {  // prefill on integer dots: the tokens quantised once
-    const cpu::Q8Activations* const* tokens = quantize_tokens(x, n, in, 0, "expert_swiglu");
+    const cpu::Q8Activations* const* tokens = quantize_tokens(x, n, in, 0, planes_for(gate), "expert_swiglu");
     const std::vector<int64_t> starts = gather_tokens(groups, tokens, k, expert_ptrs_);
     pool_.parallel_for(used * I, [&](int64_t begin, int64_t end) {
       thread_local std::vector<float> g_rows, u_rows;  // f32 [slots of the expert, kRowChunk]
@@ -161,9 +161,9 @@ void CpuBackend::expert_swiglu_with_shared(const QuantView& gate, const QuantVie
                                            const int32_t* ids, int64_t k, float* h,
                                            const QuantView& shared_gate, const QuantView& shared_up,
                                            float* shared_h, const float* x, int64_t n) {
-  // Prefill, or a shared expert of another width than the routed ones (which the model has not):
-  // the two ops in turn.
-  if (n != 1 || shared_gate.in != gate.in) {
+  // Prefill, or a shared expert of another width or code width than the routed ones (which the
+  // model has not): the two ops in turn.
+  if (n != 1 || shared_gate.in != gate.in || planes_for(shared_gate) != planes_for(gate)) {
     return Backend::expert_swiglu_with_shared(gate, up, ids, k, h, shared_gate, shared_up, shared_h, x, n);
   }
   contract::check_expert_swiglu(gate, up, x, ids, n, k, h);
@@ -172,7 +172,7 @@ void CpuBackend::expert_swiglu_with_shared(const QuantView& gate, const QuantVie
   const auto I = static_cast<int64_t>(gate.out);
   const auto S = static_cast<int64_t>(shared_gate.out);
   DecodeInput& input = decode_input(0);
-  input.prepare(x, static_cast<int64_t>(gate.in), precision_);
+  input.prepare(x, static_cast<int64_t>(gate.in), planes_for(gate));
   // Items [0, k * I) are the routed slots' rows, [k * I, k * I + S) the shared expert's: one
   // pool barrier for both.
   pool_.parallel_for(k * I + S, [&](int64_t begin, int64_t end) {
@@ -195,9 +195,9 @@ void CpuBackend::expert_down_combine(const QuantView& down, const float* h, cons
   const auto I = static_cast<int64_t>(down.in);
   const auto S = static_cast<int64_t>(shared_down.in);
   if (n == 1) {  // decode: activations prepared once (slot j in input j, shared in k), then rows
-    for (int64_t j = 0; j < k; ++j) decode_input(static_cast<size_t>(j)).prepare(h + j * I, I, precision_);
+    for (int64_t j = 0; j < k; ++j) decode_input(static_cast<size_t>(j)).prepare(h + j * I, I, planes_for(down));
     DecodeInput& shared_input = decode_input(static_cast<size_t>(k));
-    shared_input.prepare(shared_h, S, precision_);
+    shared_input.prepare(shared_h, S, planes_for(shared_down));
     const float gate = cpu::sigmoid(shared_logit[0]);
     pool_.parallel_for(H, [&](int64_t begin, int64_t end) {
       // Per chunk of output rows: each slot's expert rows as one ordered stream (not the k
@@ -230,9 +230,10 @@ void CpuBackend::expert_down_combine(const QuantView& down, const float* h, cons
       prefill_q8_.resize(slots_total + static_cast<size_t>(n));
       prefill_ptrs_.resize(slots_total + static_cast<size_t>(n));
     }
-    const cpu::Q8Activations* const* slot_q = quantize_tokens(h, n * k, I, 0, "expert_down_combine");
+    const cpu::Q8Activations* const* slot_q =
+        quantize_tokens(h, n * k, I, 0, planes_for(down), "expert_down_combine");
     const cpu::Q8Activations* const* shared_q =
-        quantize_tokens(shared_h, n, S, slots_total, "expert_down_combine");
+        quantize_tokens(shared_h, n, S, slots_total, planes_for(shared_down), "expert_down_combine");
     const std::vector<int64_t> starts = gather_tokens(groups, slot_q, 1, expert_ptrs_);
     pool_.parallel_for(H, [&](int64_t begin, int64_t end) {
       // f32 [n * k, kRowChunk] slot dots, [slots of one expert, kRowChunk], [n, kRowChunk] shared.

@@ -222,10 +222,10 @@ namespace lily {
 
 // Here, beside prepare_input's definition: a target_clones function called from another file
 // gets a resolver there that may not find the clones at link time.
-void CpuBackend::DecodeInput::prepare(const float* x, int64_t in, CpuPrecision precision) {
-  fast = precision != CpuPrecision::exact;
+void CpuBackend::DecodeInput::prepare(const float* x, int64_t in, int planes) {
+  fast = planes > 0;
   if (fast) {
-    cpu::quantize_activations(x, in, q8, cpu_precision_planes(precision));
+    cpu::quantize_activations(x, in, q8, planes);
     return;
   }
   if (permuted.size() < static_cast<size_t>(in)) permuted.resize(static_cast<size_t>(in));
@@ -243,7 +243,7 @@ void CpuBackend::DecodeInput::dots(const QuantView& w, int64_t row_begin, int64_
 }
 
 const cpu::Q8Activations* const* CpuBackend::quantize_tokens(const float* x, int64_t count,
-                                                             int64_t in, size_t first,
+                                                             int64_t in, size_t first, int planes,
                                                              const char* op) {
   const size_t end = first + static_cast<size_t>(count);
   if (prefill_q8_.size() < end) prefill_q8_.resize(end);
@@ -255,7 +255,7 @@ const cpu::Q8Activations* const* CpuBackend::quantize_tokens(const float* x, int
     for (int64_t t = begin; t < stop; ++t) {
       cpu::Q8Activations& q = prefill_q8_[first + static_cast<size_t>(t)];
       try {
-        cpu::quantize_activations(x + t * in, in, q, cpu_precision_planes(precision_));
+        cpu::quantize_activations(x + t * in, in, q, planes);
       } catch (const std::invalid_argument&) {
         int64_t seen = bad.load();
         while (t < seen && !bad.compare_exchange_weak(seen, t)) {
@@ -266,8 +266,7 @@ const cpu::Q8Activations* const* CpuBackend::quantize_tokens(const float* x, int
   });
   if (const int64_t t = bad.load(); t < count) {
     try {
-      cpu::quantize_activations(x + t * in, in, prefill_q8_[first + static_cast<size_t>(t)],
-                                cpu_precision_planes(precision_));
+      cpu::quantize_activations(x + t * in, in, prefill_q8_[first + static_cast<size_t>(t)], planes);
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(std::string(op) + ": input row " + std::to_string(t) + ": " + e.what());
     }
@@ -282,7 +281,7 @@ void CpuBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, con
   if (n > 1 && precision_ != CpuPrecision::exact) {
     // Prefill on integer dots: the n tokens quantised once, each row tile's codes unpacked
     // once for many tokens; y[t, r] is bit for bit what n == 1 gives for token t.
-    const cpu::Q8Activations* const* xs = quantize_tokens(x, n, in, 0, "matmul");
+    const cpu::Q8Activations* const* xs = quantize_tokens(x, n, in, 0, planes_for(w), "matmul");
     pool_.parallel_for(rows, [&](int64_t begin, int64_t end) {
       cpu::int8_rows_dot_tokens(w, row_begin + begin, end - begin, xs, n, y + begin, rows);
     });
@@ -293,7 +292,7 @@ void CpuBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, con
   DecodeInput* input = nullptr;
   if (n == 1) {
     input = &decode_input(0);
-    input->prepare(x, in, precision_);
+    input->prepare(x, in, planes_for(w));
   }
   pool_.parallel_for(rows, [&](int64_t begin, int64_t end) {
     if (n == 1) {  // decode: one pass over the packed rows
@@ -311,18 +310,18 @@ void CpuBackend::matmul(const QuantView& w, int64_t row_begin, int64_t rows, con
 }
 
 void CpuBackend::matmul_group(std::span<const MatmulTarget> targets, const float* x, int64_t n) {
-  bool same_width = true;
+  bool same_input = true;  // the same width and the same activation planes
   int64_t total = 0;
   for (size_t i = 0; i < targets.size(); ++i) {
     const MatmulTarget& t = targets[i];
     contract::check_matmul_target(t, i, x, n, "matmul_group", "matmul");
-    same_width = same_width && t.w->in == targets[0].w->in;
+    same_input = same_input && t.w->in == targets[0].w->in && planes_for(*t.w) == planes_for(*targets[0].w);
     total += t.rows;
   }
-  // Prefill, or targets of different widths (which no model group has): one matmul each.
-  if (n != 1 || !same_width || targets.empty()) return Backend::matmul_group(targets, x, n);
+  // Prefill, or targets that take different inputs (which no model group has): one matmul each.
+  if (n != 1 || !same_input || targets.empty()) return Backend::matmul_group(targets, x, n);
   DecodeInput& input = decode_input(0);
-  input.prepare(x, static_cast<int64_t>(targets[0].w->in), precision_);
+  input.prepare(x, static_cast<int64_t>(targets[0].w->in), planes_for(*targets[0].w));
   // Item i is row i of the targets' rows laid end to end; a thread's range may span targets.
   pool_.parallel_for(total, [&](int64_t begin, int64_t end) {
     int64_t first = 0;  // the targets' first item

@@ -39,10 +39,10 @@ void expect_bits(const std::vector<float>& got, const std::vector<float>& want, 
 // The int8 path must show its quantisation against the exact one (else it did not run), and
 // stay within the int8 kernel's measured error (docs/precision.md: 2e-5 to 1.3e-4 per dot with
 // two planes, about 100 times that with one).
-void expect_quantised(CpuPrecision precision, const std::vector<float>& int8_out,
+// one_plane: q8 on 4-bit weights (q8 gives 8-bit weights two planes).
+void expect_quantised(bool one_plane, const std::vector<float>& int8_out,
                       const std::vector<float>& exact_out, const std::string& label) {
   const ErrorFigures f = report("int8 vs exact", label, int8_out, ref::widen(exact_out));
-  const bool one_plane = precision == CpuPrecision::q8;
   EXPECT_GT(f.normalised, one_plane ? 1e-4 : 1e-7) << label << ": quantisation of this plane count did not show";
   EXPECT_LT(f.normalised, one_plane ? 5e-2 : 1e-3) << label;
 }
@@ -66,10 +66,42 @@ TEST(FastPrefill, MatmulEqualsOneTokenCallsBitForBit) {
         }
         expect_bits(y, one, label);
         exact->matmul(w.view(), row_begin, rows, x.data(), n, ex.data());
-        expect_quantised(precision, y, ex, label);
+        expect_quantised(precision == CpuPrecision::q8 && bits == 4, y, ex, label);
       }
     }
   }
+  }
+}
+
+// q8 quantises the input of an 8-bit weight (the router and the shared expert's gate) in two
+// planes, as fast does, and that of a 4-bit weight in one: decode and prefill, alone and in a
+// matmul_group.
+TEST(FastPrefill, Q8KeepsTwoPlanesForEightBitWeights) {
+  Rng rng(95);
+  auto q8 = make_cpu_backend(2, CpuPrecision::q8);
+  auto two = make_cpu_backend(2, CpuPrecision::fast);
+  const int64_t in = 320, rows = 24;
+  for (int bits : {8, 4}) {
+    const QuantWeight w(rng, bits, 1, rows, in, 2);
+    for (int64_t n : {1, 9}) {
+      const std::string label = label_of("q", bits, " n=", n);
+      const std::vector<float> x = rng.uniform_vector(static_cast<size_t>(n * in), -2.0f, 2.0f);
+      std::vector<float> a(static_cast<size_t>(n * rows)), b(a.size()), grouped(a.size());
+      q8->matmul(w.view(), 0, rows, x.data(), n, a.data());
+      two->matmul(w.view(), 0, rows, x.data(), n, b.data());
+      const MatmulTarget targets[] = {{&w.view(), 0, rows / 2, grouped.data()},
+                                      {&w.view(), rows / 2, rows - rows / 2, grouped.data() + rows / 2}};
+      if (n == 1) {
+        q8->matmul_group(targets, x.data(), 1);
+        expect_bits(grouped, a, label + " matmul_group");
+      }
+      if (bits == 8) {
+        expect_bits(a, b, label);
+      } else {
+        const ErrorFigures f = report("q8 vs fast", label, a, ref::widen(b));
+        EXPECT_GT(f.normalised, 1e-4) << label << ": a 4-bit weight took two planes";
+      }
+    }
   }
 }
 
@@ -125,7 +157,7 @@ TEST(FastPrefill, ExpertSwigluEqualsOneTokenCallsBitForBit) {
         }
         expect_bits(h, one, label);
         exact->expert_swiglu(gate.view(), up.view(), x.data(), id_ptr, n, k, ex.data());
-        expect_quantised(precision, h, ex, label);
+        expect_quantised(precision == CpuPrecision::q8, h, ex, label);
       }
     }
   }
@@ -161,7 +193,7 @@ TEST(FastPrefill, ExpertDownCombineEqualsOneTokenCallsBitForBit) {
         expect_bits(out, one, label);
         exact->expert_down_combine(down.view(), h.data(), ids.data(), weights.data(), n, k, shared_down.view(),
                                    sh.data(), logit.data(), ex.data());
-        expect_quantised(precision, out, ex, label);
+        expect_quantised(precision == CpuPrecision::q8, out, ex, label);  // the routed rows are 4-bit
       }
     }
   }

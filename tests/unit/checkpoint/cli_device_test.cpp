@@ -94,6 +94,32 @@ TEST(CliDevice, CudaDisableIsCheckedBeforeLoading) {
   }
 }
 
+// --cpu-precision: an unknown value and --device cuda are refused before loading; each valid
+// one runs and the start-up line names its path (the plane count for the int8 ones).
+TEST(CliDevice, CpuPrecisionChoosesThePathTheStartUpLineNames) {
+  const RunResult bad = run_lily("run --prompt-ids 1 --model /nonexistent --cpu-precision q4");
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("--cpu-precision is \"q4\", expected exact, fast or q8"), std::string::npos) << bad.err;
+  const RunResult cuda = run_lily("run --prompt-ids 1 --model /nonexistent --device cuda --cpu-precision q8");
+  EXPECT_EQ(cuda.exit_code, 2);
+  EXPECT_NE(cuda.err.find("--cpu-precision applies to the CPU backend, not --device cuda"), std::string::npos)
+      << cuda.err;
+  TinyCheckpoint ckpt;
+  const struct {
+    const char* value;
+    const char* path;
+  } cases[] = {{"exact", "one-token GEMVs in f32 (--cpu-precision exact)"},
+               {"fast", "two activation planes"},
+               {"q8", "one activation plane (two for 8-bit weights)"}};
+  for (const auto& c : cases) {
+    const RunResult r = run_lily("run --model " + quoted(ckpt.dir()) +
+                                 " --prompt-ids 1,2 --max-tokens 2 --device cpu --cpu-precision " + c.value);
+    EXPECT_EQ(r.exit_code, 0) << c.value << ": " << r.err;
+    EXPECT_NE(r.err.find(c.path), std::string::npos) << c.value << ": " << r.err;
+    EXPECT_NE(r.err.find(std::string("(--cpu-precision ") + c.value + ")"), std::string::npos) << r.err;
+  }
+}
+
 TEST(CliDevice, CudaWithoutAUsableDeviceSaysWhy) {
   std::string why;
   if (cuda_available(&why)) GTEST_SKIP() << "this machine has a usable CUDA device";
