@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include "backend/cpu/cpu_kernels.h"
@@ -597,6 +598,167 @@ LILY_TARGET_AVX512_VNNI void tokens_avx512(const QuantView& w, int64_t row_begin
 }
 
 // ---------------------------------------------------------------------------------------------
+// Many tokens, Q4: rows in lanes. The tiles above put a group's 64 codes across the
+// lanes of one row, so every (row, token) needs a horizontal reduction of its lanes and an
+// epilogue of its own: about two thirds of that kernel's instructions where vpdpbusd is a
+// third. Here 16 rows sit in the 16 int32 lanes: each vpdpbusd adds 4 codes of each of the 16
+// rows times the same 4 activations of one token (a broadcast), 16 of them make the group's
+// exact integer totals for 16 rows at once, and the f32 epilogue runs lane-wise, in
+// group_term's order into accumulators by g % 8, reduced as reduce_accumulators: the same bits
+// as int8_row_dot. The codes must be transposed for that (16 rows' dword j side by side), once
+// per tile of 16 rows and panel of tokens, into a buffer that stays in L1/L2 while the panel's
+// tokens meet it.
+//
+// A row's group is 32 code bytes = 8 dwords; dword j holds elements 8j..8j+7, its low nibbles
+// the evens 8j, 8j+2, 8j+4, 8j+6 (even index 4j..4j+3: 4 contiguous bytes of q4_order's evens)
+// and its high nibbles the odds (4 contiguous bytes of the odds, 64 bytes on). With two planes,
+// the hi plane's 16 products, a shift left by 7, then the lo plane's: 128 * hi + lo lane by
+// lane, as the tiles above combine them.
+
+constexpr int kLaneRows = 16;   // rows per lane tile: one per int32 lane
+constexpr int kLaneTokens = 8;  // tokens per pass over a tile: 8 accumulators + 16 code vectors
+
+// One lane tile: codes u32 [groups][8][16] (dword j of the group for lane l = tile row l, packed
+// nibbles), widened scales and biases f32 [groups][16].
+struct LaneTile {
+  std::vector<uint32_t> codes;
+  std::vector<float> scales, biases;
+};
+
+// Transposes rows [row0, row0 + 16) of w (Q4) into `tile`.
+LILY_TARGET_AVX512_VNNI void build_lane_tile(const QuantView& w, int64_t row0, LaneTile& tile) {
+  const Row first = locate(w, row0);
+  const int64_t groups = first.groups;
+  const int64_t row_bytes = groups * 32;
+  tile.codes.resize(static_cast<size_t>(groups * 8 * kLaneRows));
+  tile.scales.resize(static_cast<size_t>(groups * kLaneRows));
+  tile.biases.resize(static_cast<size_t>(groups * kLaneRows));
+  // The last step of an 8 x 8 dword transpose in each 256-bit half: column a of all 16 rows is
+  // [u_a chunk 0, u_a+4 chunk 0, u_a chunk 2, u_a+4 chunk 2] (qword indices into (u_a, u_a+4)),
+  // column a + 4 the same with chunks 1 and 3.
+  const __m512i col_lo = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);
+  const __m512i col_hi = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+  for (int64_t g = 0; g < groups; ++g) {
+    __m512i z[8];  // [row i's 8 dwords | row i + 8's]
+    for (int i = 0; i < 8; ++i) {
+      const uint8_t* a = first.codes + i * row_bytes + g * 32;
+      const uint8_t* b = first.codes + (i + 8) * row_bytes + g * 32;
+      z[i] = _mm512_inserti64x4(_mm512_castsi256_si512(loadu256(a)), loadu256(b), 1);
+    }
+    __m512i p[8], u[8];
+    for (int h = 0; h < 2; ++h) {  // rows 0-3 (and 8-11), then 4-7 (and 12-15)
+      const __m512i* zh = z + 4 * h;
+      __m512i* ph = p + 4 * h;
+      ph[0] = _mm512_unpacklo_epi32(zh[0], zh[1]);
+      ph[1] = _mm512_unpackhi_epi32(zh[0], zh[1]);
+      ph[2] = _mm512_unpacklo_epi32(zh[2], zh[3]);
+      ph[3] = _mm512_unpackhi_epi32(zh[2], zh[3]);
+      // u[4h + a]: per 128-bit chunk, column a (chunks 0, 2) or a + 4 (chunks 1, 3) of 4 rows.
+      u[4 * h + 0] = _mm512_unpacklo_epi64(ph[0], ph[2]);
+      u[4 * h + 1] = _mm512_unpackhi_epi64(ph[0], ph[2]);
+      u[4 * h + 2] = _mm512_unpacklo_epi64(ph[1], ph[3]);
+      u[4 * h + 3] = _mm512_unpackhi_epi64(ph[1], ph[3]);
+    }
+    uint32_t* out = tile.codes.data() + g * 8 * kLaneRows;
+    for (int a = 0; a < 4; ++a) {
+      _mm512_storeu_si512(out + a * kLaneRows, _mm512_permutex2var_epi64(u[a], col_lo, u[a + 4]));
+      _mm512_storeu_si512(out + (a + 4) * kLaneRows, _mm512_permutex2var_epi64(u[a], col_hi, u[a + 4]));
+    }
+  }
+  for (int l = 0; l < kLaneRows; ++l) {
+    const Row r = locate(w, row0 + l);
+    for (int64_t g = 0; g < groups; ++g) {
+      tile.scales[static_cast<size_t>(g * kLaneRows + l)] = load_bf16(r.scales + g * 2);
+      tile.biases[static_cast<size_t>(g * kLaneRows + l)] = load_bf16(r.biases + g * 2);
+    }
+  }
+}
+
+// The tile against tn <= kLaneTokens tokens quantised in Planes planes: y[t * y_stride + l] for
+// the tile's 16 rows.
+template <int Planes>
+LILY_TARGET_AVX512_VNNI void lane_tile_tokens(const LaneTile& tile, int64_t groups,
+                                              const Q8Activations* const* xs, int64_t tn,
+                                              float* y, int64_t y_stride) {
+  alignas(64) float acc[kBlock][kLaneTokens][kLaneRows] = {};  // f32, by g % 8, token, lane
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  const __m512i zero = _mm512_setzero_si512();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint32_t* packed = tile.codes.data() + g * 8 * kLaneRows;
+    __m512i lo[8], hi[8];  // u8 codes: lane l's evens (lo) and odds (hi) of dword j
+    for (int j = 0; j < 8; ++j) {
+      const __m512i c = _mm512_loadu_si512(packed + j * kLaneRows);
+      lo[j] = _mm512_and_si512(c, mask);
+      hi[j] = _mm512_and_si512(_mm512_srli_epi16(c, 4), mask);
+    }
+    const int64_t evens = (g / 2) * 128 + (g % 2) * 32;  // q4_order offset; odds 64 bytes on
+    __m512i s[kLaneTokens];
+    for (int t = 0; t < kLaneTokens; ++t) s[t] = zero;
+    for (int plane = 0; plane < Planes; ++plane) {
+      if (plane == 1) {
+        for (int t = 0; t < kLaneTokens; ++t) s[t] = _mm512_slli_epi32(s[t], 7);
+      }
+      for (int j = 0; j < 8; ++j) {
+        for (int t = 0; t < kLaneTokens; ++t) {
+          if (t >= tn) break;
+          const Q8Activations& x = *xs[t];
+          const int8_t* a = (plane == 0 ? x.q4_order.data() : x.q4_order_lo.data()) + evens + 4 * j;
+          int32_t e, o;  // the 4 activations of dword j's evens, then odds
+          std::memcpy(&e, a, 4);
+          std::memcpy(&o, a + 64, 4);
+          s[t] = _mm512_dpbusd_epi32(s[t], lo[j], _mm512_set1_epi32(e));
+          s[t] = _mm512_dpbusd_epi32(s[t], hi[j], _mm512_set1_epi32(o));
+        }
+      }
+    }
+    const __m512 ws = _mm512_loadu_ps(tile.scales.data() + g * kLaneRows);
+    const __m512 wb = _mm512_loadu_ps(tile.biases.data() + g * kLaneRows);
+    for (int t = 0; t < kLaneTokens; ++t) {
+      if (t >= tn) break;
+      const Q8Activations& x = *xs[t];
+      // group_term lane by lane: (ws * xs) * isum + wb * sum, then into accumulator g % 8.
+      const __m512 a = _mm512_mul_ps(ws, _mm512_set1_ps(x.scales[static_cast<size_t>(g)]));
+      const __m512 d = _mm512_mul_ps(a, _mm512_cvtepi32_ps(s[t]));
+      const __m512 b = _mm512_mul_ps(wb, _mm512_set1_ps(x.sums[static_cast<size_t>(g)]));
+      float* lane_acc = acc[g % kBlock][t];
+      _mm512_store_ps(lane_acc, _mm512_add_ps(_mm512_load_ps(lane_acc), _mm512_add_ps(d, b)));
+    }
+  }
+  for (int64_t t = 0; t < tn; ++t) {  // reduce_accumulators, lane-wise
+    __m512 a[kBlock];  // (a lambda would not carry the target)
+    for (int k = 0; k < kBlock; ++k) a[k] = _mm512_load_ps(acc[k][t]);
+    const __m512 even = _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6]));
+    const __m512 odd = _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7]));
+    _mm512_storeu_ps(y + t * y_stride, _mm512_add_ps(even, odd));
+  }
+}
+
+// int8_rows_dot_tokens for Q4: 16-row lane tiles, the rows left over (fewer than 16) by the
+// 2-row tiles.
+template <int Planes>
+LILY_TARGET_AVX512_VNNI void tokens_lanes_q4(const QuantView& w, int64_t row_begin, int64_t rows,
+                                             const Q8Activations* const* xs, int64_t n, float* y,
+                                             int64_t y_stride) {
+  thread_local LaneTile tile;
+  const int64_t groups = static_cast<int64_t>(w.in) / kGroup;
+  const int64_t lane_rows = rows / kLaneRows * kLaneRows;
+  for (int64_t t0 = 0; t0 < n; t0 += kTokenPanel) {
+    const int64_t tn = std::min(kTokenPanel, n - t0);
+    float* yp = y + t0 * y_stride;
+    for (int64_t r = 0; r < lane_rows; r += kLaneRows) {
+      build_lane_tile(w, row_begin + r, tile);
+      for (int64_t t = 0; t < tn; t += kLaneTokens) {
+        lane_tile_tokens<Planes>(tile, groups, xs + t0 + t, std::min<int64_t>(kLaneTokens, tn - t),
+                         yp + t * y_stride + r, y_stride);
+      }
+    }
+  }
+  if (lane_rows < rows) {
+    tokens_avx512<4, Planes>(w, row_begin + lane_rows, rows - lane_rows, xs, n, y + lane_rows, y_stride);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
 // Dispatch.
 
 bool cpu_has_avx_vnni() {
@@ -843,8 +1005,8 @@ void int8_rows_dot_tokens(const QuantView& w, int64_t row_begin, int64_t rows,
   if (isa == Int8Isa::avx512_vnni && int8_isa_supported(isa)) {
     const bool one = xs[0]->planes == 1;
     if (w.bits == 4) {
-      one ? tokens_avx512<4, 1>(w, row_begin, rows, xs, n, y, y_stride)
-          : tokens_avx512<4, 2>(w, row_begin, rows, xs, n, y, y_stride);
+      one ? tokens_lanes_q4<1>(w, row_begin, rows, xs, n, y, y_stride)
+          : tokens_lanes_q4<2>(w, row_begin, rows, xs, n, y, y_stride);
     } else {
       one ? tokens_avx512<8, 1>(w, row_begin, rows, xs, n, y, y_stride)
           : tokens_avx512<8, 2>(w, row_begin, rows, xs, n, y, y_stride);
