@@ -675,15 +675,25 @@ LILY_TARGET_AVX512_VNNI void build_lane_tile(const QuantView& w, int64_t row0, L
 }
 
 // The tile against tn <= kLaneTokens tokens quantised in Planes planes: y[t * y_stride + l] for
-// the tile's 16 rows.
+// the tile's 16 rows. `next` (or null): the first of the next tile's 16 rows of codes, row_bytes
+// apart, asked into L2 a cache line of each row every other group, so that the next tile's
+// build finds them there. A tile's build otherwise waits on DRAM: a prefill of a few hundred
+// tokens meets most experts with a handful of tokens, and reading their weights took a fifth
+// of the time (perf, 2026-12-07).
 template <int Planes>
 LILY_TARGET_AVX512_VNNI void lane_tile_tokens(const LaneTile& tile, int64_t groups,
                                               const Q8Activations* const* xs, int64_t tn,
-                                              float* y, int64_t y_stride) {
+                                              float* y, int64_t y_stride, const uint8_t* next,
+                                              int64_t row_bytes) {
   alignas(64) float acc[kBlock][kLaneTokens][kLaneRows] = {};  // f32, by g % 8, token, lane
   const __m512i mask = _mm512_set1_epi8(0x0F);
   const __m512i zero = _mm512_setzero_si512();
   for (int64_t g = 0; g < groups; ++g) {
+    if (next != nullptr && g % 2 == 0) {
+      for (int i = 0; i < kLaneRows; ++i) {
+        _mm_prefetch(reinterpret_cast<const char*>(next + i * row_bytes + g * 32), _MM_HINT_T1);
+      }
+    }
     const uint32_t* packed = tile.codes.data() + g * 8 * kLaneRows;
     __m512i lo[8], hi[8];  // u8 codes: lane l's evens (lo) and odds (hi) of dword j
     for (int j = 0; j < 8; ++j) {
@@ -747,9 +757,10 @@ LILY_TARGET_AVX512_VNNI void tokens_lanes_q4(const QuantView& w, int64_t row_beg
     float* yp = y + t0 * y_stride;
     for (int64_t r = 0; r < lane_rows; r += kLaneRows) {
       build_lane_tile(w, row_begin + r, tile);
+      const uint8_t* next = r + kLaneRows < lane_rows ? locate(w, row_begin + r + kLaneRows).codes : nullptr;
       for (int64_t t = 0; t < tn; t += kLaneTokens) {
         lane_tile_tokens<Planes>(tile, groups, xs + t0 + t, std::min<int64_t>(kLaneTokens, tn - t),
-                         yp + t * y_stride + r, y_stride);
+                                 yp + t * y_stride + r, y_stride, t == 0 ? next : nullptr, groups * 32);
       }
     }
   }
