@@ -205,14 +205,25 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, KvCa
         int64_t step = 0;
         const float* keys = rows(k_view, kvh, j0, count, &step);
         const float* q = qg + (t * dims.q_heads + h0) * 2 * D;  // head g at q + g * 2D
-        for (int64_t j = j0; j < j0 + count; ++j) {
-          float dots[kMaxGroup];
-          cpu::dot_heads(q, 2 * D, heads, keys + (j - j0) * step, D, dots);
+        const auto record = [&](int64_t j, const float* dots) {
           for (int64_t g = 0; g < heads; ++g) {
             float* s = scores.data() + static_cast<size_t>(g) * stride;
             s[j] = dots[g] * scale;
             max[g] = std::max(max[g], s[j]);
           }
+        };
+        int64_t j = j0;
+        for (; j + 1 < j0 + count; j += 2) {  // keys in pairs: each query chunk loaded once for two
+          float dots0[kMaxGroup], dots1[kMaxGroup];
+          cpu::dot_heads_pair(q, 2 * D, heads, keys + (j - j0) * step, keys + (j + 1 - j0) * step, D,
+                              dots0, dots1);
+          record(j, dots0);
+          record(j + 1, dots1);
+        }
+        if (j < j0 + count) {
+          float dots[kMaxGroup];
+          cpu::dot_heads(q, 2 * D, heads, keys + (j - j0) * step, D, dots);
+          record(j, dots);
         }
       }
       for (int64_t g = 0; g < heads; ++g) {
@@ -229,13 +240,14 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, KvCa
         const int64_t count = std::min(kTile, last + 1 - j0);
         int64_t step = 0;
         const float* values = rows(v_view, kvh, j0, count, &step);
+        float weights[kMaxGroup][kTile];  // head g's softmax weights of this tile's values
         for (int64_t g = 0; g < heads; ++g) {
           const float* s = scores.data() + static_cast<size_t>(g) * stride;
-          float* o = out + (t * dims.q_heads + h0 + g) * D;
-          float weights[kTile];
-          for (int64_t j = j0; j < j0 + count; ++j) weights[j - j0] = s[j] / total[g];
-          cpu::axpy_rows(weights, count, values, step, o, D);
+          for (int64_t j = j0; j < j0 + count; ++j) weights[g][j - j0] = s[j] / total[g];
         }
+        // Every head of the group over the tile at once: each value row loaded once for all.
+        cpu::axpy_rows_heads(&weights[0][0], kTile, heads, count, values, step,
+                             out + (t * dims.q_heads + h0) * D, D, D);
       }
       for (int64_t g = 0; g < heads; ++g) {
         const float* gate = qg + (t * dims.q_heads + h0 + g) * 2 * D + D;

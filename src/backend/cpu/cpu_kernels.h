@@ -81,6 +81,17 @@ LILY_CPU_CLONES void axpy(float alpha, const float* x, float* y, int64_t n);
 // contraction in the tails; attention's head dims are multiples of 8). cpu_kernels_test.cpp.
 LILY_CPU_CLONES void axpy_rows(const float* alpha, int64_t rows, const float* x, int64_t x_stride,
                                float* y, int64_t n);
+// dot_heads against two keys at once, each query chunk loaded once for both: out0 and out1 are
+// bit for bit dot_heads with k0 and with k1 (attention's scores, a pair of keys at a time).
+LILY_CPU_CLONES void dot_heads_pair(const float* q, int64_t q_stride, int64_t heads, const float* k0,
+                                    const float* k1, int64_t n, float* out0, float* out1);
+// axpy_rows for `heads` outputs at once: for each head g, axpy_rows(alpha + g * alpha_stride,
+// rows, x, x_stride, y + g * y_stride, n), each x row loaded once for all heads (attention's
+// weighted values of a group of query heads); per head bit for bit axpy_rows's sums over whole
+// blocks of 8 values (the same order; the tails as axpy_rows's, see there).
+LILY_CPU_CLONES void axpy_rows_heads(const float* alpha, int64_t alpha_stride, int64_t heads,
+                                     int64_t rows, const float* x, int64_t x_stride, float* y,
+                                     int64_t y_stride, int64_t n);
 
 // Decode-time activations in the order the packed codes come: within each group of 64, the
 // even elements then the odd ones. Byte i of a Q4 group holds element 2i (low nibble) and

@@ -64,6 +64,114 @@ LILY_CPU_CLONES void dot_heads(const float* q, int64_t q_stride, int64_t heads, 
   }
 }
 
+namespace {
+// dot_heads_block for two keys: each q chunk loaded once for both; per key the same lanes and
+// order as dot_heads_block, so the same bits.
+template <int H>
+__attribute__((always_inline)) inline void dot_heads_pair_block(const float* q, int64_t q_stride,
+                                                                const float* k0, const float* k1,
+                                                                int64_t n, float* out0, float* out1) {
+  float acc0[static_cast<size_t>(H)][kDotLanes] = {};
+  float acc1[static_cast<size_t>(H)][kDotLanes] = {};
+  int64_t i = 0;
+  for (; i + kDotLanes <= n; i += kDotLanes) {
+    for (int g = 0; g < H; ++g) {
+      const float* qg = q + g * q_stride + i;
+#pragma omp simd
+      for (int l = 0; l < kDotLanes; ++l) {
+        acc0[g][l] += qg[l] * k0[i + l];
+        acc1[g][l] += qg[l] * k1[i + l];
+      }
+    }
+  }
+  for (int g = 0; g < H; ++g) {
+    const float* a = acc0[g];
+    const float* b = acc1[g];
+    float s0 = ((a[0] + a[1]) + (a[2] + a[3])) + ((a[4] + a[5]) + (a[6] + a[7]));
+    float s1 = ((b[0] + b[1]) + (b[2] + b[3])) + ((b[4] + b[5]) + (b[6] + b[7]));
+    for (int64_t j = i; j < n; ++j) s0 += q[g * q_stride + j] * k0[j];
+    for (int64_t j = i; j < n; ++j) s1 += q[g * q_stride + j] * k1[j];
+    out0[g] = s0;
+    out1[g] = s1;
+  }
+}
+
+// axpy_rows for H heads: per block of 8 values, every head's accumulators, then each x row
+// loaded once and added into all of them (per head in axpy_rows's order).
+template <int H>
+__attribute__((always_inline)) inline void axpy_rows_heads_block(const float* alpha, int64_t alpha_stride,
+                                                                 int64_t rows, const float* x,
+                                                                 int64_t x_stride, float* y,
+                                                                 int64_t y_stride, int64_t n) {
+  constexpr int kLanes = 8;
+  int64_t i0 = 0;
+  for (; i0 + kLanes <= n; i0 += kLanes) {
+    float acc[static_cast<size_t>(H)][kLanes];
+    for (int g = 0; g < H; ++g) {
+#pragma omp simd
+      for (int l = 0; l < kLanes; ++l) acc[g][l] = y[g * y_stride + i0 + l];
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* xr = x + r * x_stride + i0;
+      for (int g = 0; g < H; ++g) {
+        const float a = alpha[g * alpha_stride + r];
+#pragma omp simd
+        for (int l = 0; l < kLanes; ++l) acc[g][l] += a * xr[l];
+      }
+    }
+    for (int g = 0; g < H; ++g) {
+#pragma omp simd
+      for (int l = 0; l < kLanes; ++l) y[g * y_stride + i0 + l] = acc[g][l];
+    }
+  }
+  for (; i0 < n; ++i0) {
+    for (int g = 0; g < H; ++g) {
+      float acc = y[g * y_stride + i0];
+      for (int64_t r = 0; r < rows; ++r) acc += alpha[g * alpha_stride + r] * x[r * x_stride + i0];
+      y[g * y_stride + i0] = acc;
+    }
+  }
+}
+}  // namespace
+
+LILY_CPU_CLONES void dot_heads_pair(const float* q, int64_t q_stride, int64_t heads, const float* k0,
+                                    const float* k1, int64_t n, float* out0, float* out1) {
+  for (int64_t g0 = 0; g0 < heads; g0 += 8) {
+    const float* qg = q + g0 * q_stride;
+    float* o0 = out0 + g0;
+    float* o1 = out1 + g0;
+    switch (std::min<int64_t>(8, heads - g0)) {
+      case 1: dot_heads_pair_block<1>(qg, q_stride, k0, k1, n, o0, o1); break;
+      case 2: dot_heads_pair_block<2>(qg, q_stride, k0, k1, n, o0, o1); break;
+      case 3: dot_heads_pair_block<3>(qg, q_stride, k0, k1, n, o0, o1); break;
+      case 4: dot_heads_pair_block<4>(qg, q_stride, k0, k1, n, o0, o1); break;
+      case 5: dot_heads_pair_block<5>(qg, q_stride, k0, k1, n, o0, o1); break;
+      case 6: dot_heads_pair_block<6>(qg, q_stride, k0, k1, n, o0, o1); break;
+      case 7: dot_heads_pair_block<7>(qg, q_stride, k0, k1, n, o0, o1); break;
+      default: dot_heads_pair_block<8>(qg, q_stride, k0, k1, n, o0, o1); break;
+    }
+  }
+}
+
+LILY_CPU_CLONES void axpy_rows_heads(const float* alpha, int64_t alpha_stride, int64_t heads,
+                                     int64_t rows, const float* x, int64_t x_stride, float* y,
+                                     int64_t y_stride, int64_t n) {
+  for (int64_t g0 = 0; g0 < heads; g0 += 8) {
+    const float* a = alpha + g0 * alpha_stride;
+    float* yg = y + g0 * y_stride;
+    switch (std::min<int64_t>(8, heads - g0)) {
+      case 1: axpy_rows_heads_block<1>(a, alpha_stride, rows, x, x_stride, yg, y_stride, n); break;
+      case 2: axpy_rows_heads_block<2>(a, alpha_stride, rows, x, x_stride, yg, y_stride, n); break;
+      case 3: axpy_rows_heads_block<3>(a, alpha_stride, rows, x, x_stride, yg, y_stride, n); break;
+      case 4: axpy_rows_heads_block<4>(a, alpha_stride, rows, x, x_stride, yg, y_stride, n); break;
+      case 5: axpy_rows_heads_block<5>(a, alpha_stride, rows, x, x_stride, yg, y_stride, n); break;
+      case 6: axpy_rows_heads_block<6>(a, alpha_stride, rows, x, x_stride, yg, y_stride, n); break;
+      case 7: axpy_rows_heads_block<7>(a, alpha_stride, rows, x, x_stride, yg, y_stride, n); break;
+      default: axpy_rows_heads_block<8>(a, alpha_stride, rows, x, x_stride, yg, y_stride, n); break;
+    }
+  }
+}
+
 LILY_CPU_CLONES void axpy_rows(const float* alpha, int64_t rows, const float* x, int64_t x_stride,
                                float* y, int64_t n) {
   constexpr int kLanes = 8;

@@ -1,4 +1,4 @@
-// The CPU attention kernels cpu::dot_heads and cpu::axpy_rows against float64 and against the properties their callers rely on: a head's dot does not depend on how many heads share the key, and axpy_rows is exactly `rows` axpy calls.
+// The CPU attention kernels cpu::dot_heads, dot_heads_pair, axpy_rows and axpy_rows_heads against float64 and against the properties their callers rely on: a head's dot does not depend on how many heads share the key or whether keys come in pairs, and axpy_rows (per head, axpy_rows_heads) is exactly `rows` axpy calls.
 //
 // Bound: a sum of n f32 products computed in any order is within gamma_n * sum |a_i b_i| of
 // the exact sum, gamma_n = n u / (1 - n u), u = 2^-24 (Higham, *Accuracy and Stability of
@@ -101,6 +101,47 @@ TEST(CpuKernels, AxpyRowsIsRowsAxpyCallsInOrder) {
           magnitude += std::fabs(p);
         }
         EXPECT_LE(std::fabs(static_cast<double>(y[at]) - exact), gamma(2 * rows + 1) * magnitude) << label << " at " << i;
+      }
+    }
+  }
+}
+
+// dot_heads_pair gives, per key, dot_heads's bits; axpy_rows_heads gives, per head, axpy_rows's
+// bits (everywhere: both run the same per-element code, tails included), and neither writes
+// past its outputs. Head counts past one block of 8, lengths around the blocks.
+TEST(CpuKernels, PairedKeysAndGroupedHeadsGiveTheSingleCallsBits) {
+  Rng rng(303);
+  for (int64_t n : {1, 7, 8, 9, 64, 255, 256}) {
+    for (int64_t heads : {1, 3, 8, 9, 16}) {
+      const std::string label = "n=" + std::to_string(n) + " heads=" + std::to_string(heads);
+      const int64_t stride = n + 5;
+      std::vector<float> q(static_cast<size_t>(heads * stride), std::numeric_limits<float>::quiet_NaN());
+      for (int64_t g = 0; g < heads; ++g) {
+        for (int64_t i = 0; i < n; ++i) q[static_cast<size_t>(g * stride + i)] = rng.uniform(-2.0f, 2.0f);
+      }
+      const std::vector<float> k0 = rng.uniform_vector(static_cast<size_t>(n), -3.0f, 3.0f);
+      const std::vector<float> k1 = rng.uniform_vector(static_cast<size_t>(n), -3.0f, 3.0f);
+      std::vector<float> p0(static_cast<size_t>(heads) + 1, 1e30f), p1(p0), s0(p0), s1(p0);
+      cpu::dot_heads_pair(q.data(), stride, heads, k0.data(), k1.data(), n, p0.data(), p1.data());
+      cpu::dot_heads(q.data(), stride, heads, k0.data(), n, s0.data());
+      cpu::dot_heads(q.data(), stride, heads, k1.data(), n, s1.data());
+      for (size_t g = 0; g <= static_cast<size_t>(heads); ++g) {  // the guard at `heads` included
+        EXPECT_TRUE(same_bits(p0[g], s0[g])) << label << " key 0 head " << g;
+        EXPECT_TRUE(same_bits(p1[g], s1[g])) << label << " key 1 head " << g;
+      }
+      for (int64_t rows : {1, 5, 8}) {
+        const int64_t x_stride = n + 3, alpha_stride = 8;
+        const std::vector<float> x = rng.uniform_vector(static_cast<size_t>(rows * x_stride), -2.0f, 2.0f);
+        const std::vector<float> alpha = rng.uniform_vector(static_cast<size_t>(heads * alpha_stride), 0.0f, 1.0f);
+        const std::vector<float> y0 = rng.uniform_vector(static_cast<size_t>(heads * n) + 1, -1.0f, 1.0f);
+        std::vector<float> grouped = y0, single = y0;
+        cpu::axpy_rows_heads(alpha.data(), alpha_stride, heads, rows, x.data(), x_stride, grouped.data(), n, n);
+        for (int64_t g = 0; g < heads; ++g) {
+          cpu::axpy_rows(alpha.data() + g * alpha_stride, rows, x.data(), x_stride, single.data() + g * n, n);
+        }
+        for (size_t i = 0; i < grouped.size(); ++i) {  // the last element is a guard
+          ASSERT_TRUE(same_bits(grouped[i], single[i])) << label << " rows=" << rows << " at " << i;
+        }
       }
     }
   }
