@@ -353,9 +353,9 @@ class Backend {
 
 // How the CPU backend computes its quantized matrix products, decode and prefill (--cpu-precision;
 // docs/precision.md). exact: f32 on the dequantised codes, the reference path. fast: the input
-// quantised per group of 64 in two int8 planes and integer dot products against the codes (AVX-512 VNNI,
-// AVX-VNNI or AVX2: backend/cpu/int8_dot.h), about 5e-5 relative per dot; the prefill's products
-// bit for bit the decode's. q8: the same integer dots on one int8 plane (llama.cpp's Q8
+// quantised per group of 64 in two int8 planes and integer dot products against the codes (AVX-512
+// VNNI, AVX-VNNI or AVX2: backend/cpu/int8_dot.h), about 5e-5 relative per dot; the prefill's
+// products bit for bit the decode's. q8: the same integer dots on one int8 plane (llama.cpp's Q8
 // activations): half the integer work, about 1e-2 relative per dot.
 enum class CpuPrecision { exact, fast, q8 };
 const char* cpu_precision_name(CpuPrecision precision);

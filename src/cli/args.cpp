@@ -230,7 +230,8 @@ CpuPrecision cpu_precision_from(const Args& args) {
   if (*text == "exact") return CpuPrecision::exact;
   if (*text == "fast") return CpuPrecision::fast;
   if (*text == "q8") return CpuPrecision::q8;
-  throw InputError(args.source("cpu-precision") + " is \"" + *text + "\", expected exact, fast or q8");
+  throw InputError(args.source("cpu-precision") + " is \"" + *text +
+                   "\", expected exact, fast or q8");
 }
 
 OptionSpec cpu_precision_option() {

@@ -85,8 +85,8 @@ CudaOptions cuda_options_from(const Args& args);
 OptionSpec cuda_disable_option();
 
 // --cpu-precision exact|fast|q8 (run, serve, bench): how the CPU backend computes its
-// quantized matrix products (backend.h CpuPrecision; absent: exact). Anything else is an InputError,
-// and so is the option with --device cuda, where it could not apply.
+// quantized matrix products (backend.h CpuPrecision; absent: exact). Anything else is an
+// InputError, and so is the option with --device cuda, where it could not apply.
 CpuPrecision cpu_precision_from(const Args& args);
 OptionSpec cpu_precision_option();
 

@@ -215,8 +215,8 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, KvCa
         int64_t j = j0;
         for (; j + 1 < j0 + count; j += 2) {  // keys in pairs: each query chunk loaded once for two
           float dots0[kMaxGroup], dots1[kMaxGroup];
-          cpu::dot_heads_pair(q, 2 * D, heads, keys + (j - j0) * step, keys + (j + 1 - j0) * step, D,
-                              dots0, dots1);
+          cpu::dot_heads_pair(q, 2 * D, heads, keys + (j - j0) * step, keys + (j + 1 - j0) * step,
+                              D, dots0, dots1);
           record(j, dots0);
           record(j + 1, dots1);
         }

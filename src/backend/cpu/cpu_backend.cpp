@@ -15,18 +15,24 @@ namespace lily {
 
 const char* cpu_precision_name(CpuPrecision precision) {
   switch (precision) {
-    case CpuPrecision::exact: return "exact";
-    case CpuPrecision::fast: return "fast";
-    case CpuPrecision::q8: return "q8";
+    case CpuPrecision::exact:
+      return "exact";
+    case CpuPrecision::fast:
+      return "fast";
+    case CpuPrecision::q8:
+      return "q8";
   }
   return "unknown";
 }
 
 int cpu_precision_planes(CpuPrecision precision) {
   switch (precision) {
-    case CpuPrecision::exact: return 0;
-    case CpuPrecision::fast: return 2;
-    case CpuPrecision::q8: return 1;
+    case CpuPrecision::exact:
+      return 0;
+    case CpuPrecision::fast:
+      return 2;
+    case CpuPrecision::q8:
+      return 1;
   }
   return 0;
 }

@@ -165,8 +165,8 @@ class CpuBackend : public Backend {
 
   // One token's input to the one-token GEMVs, prepared once per op call for the precision:
   // exact: the permuted copy [in] f32 and the group sums [in / 64] f32 (quant_matmul.cpp);
-  // fast and q8: the int8 quantisation in two or one planes (cpu/int8_dot.h). Reused: nothing is allocated per call once
-  // a shape has been seen.
+  // fast and q8: the int8 quantisation in two or one planes (cpu/int8_dot.h). Reused: nothing is
+  // allocated per call once a shape has been seen.
   struct DecodeInput {
     bool fast = false;
     std::vector<float> permuted;
@@ -181,8 +181,8 @@ class CpuBackend : public Backend {
   // The index-th input of an op (expert_down_combine prepares k + 1); grows on demand.
   DecodeInput& decode_input(size_t index);
 
-  // Prefill (n > 1) with --cpu-precision fast or q8: quantises the count rows of x [count, in] (f32)
-  // into prefill_q8_[first, first + count), over the pool, and returns their pointers
+  // Prefill (n > 1) with --cpu-precision fast or q8: quantises the count rows of x [count, in]
+  // (f32) into prefill_q8_[first, first + count), over the pool, and returns their pointers
   // (prefill_ptrs_ + first, valid until the next call). A non-finite element is an
   // std::invalid_argument naming op and the row.
   const cpu::Q8Activations* const* quantize_tokens(const float* x, int64_t count, int64_t in,

@@ -83,8 +83,9 @@ LILY_CPU_CLONES void axpy_rows(const float* alpha, int64_t rows, const float* x,
                                float* y, int64_t n);
 // dot_heads against two keys at once, each query chunk loaded once for both: out0 and out1 are
 // bit for bit dot_heads with k0 and with k1 (attention's scores, a pair of keys at a time).
-LILY_CPU_CLONES void dot_heads_pair(const float* q, int64_t q_stride, int64_t heads, const float* k0,
-                                    const float* k1, int64_t n, float* out0, float* out1);
+LILY_CPU_CLONES void dot_heads_pair(const float* q, int64_t q_stride, int64_t heads,
+                                    const float* k0, const float* k1, int64_t n, float* out0,
+                                    float* out1);
 // axpy_rows for `heads` outputs at once: for each head g, axpy_rows(alpha + g * alpha_stride,
 // rows, x, x_stride, y + g * y_stride, n), each x row loaded once for all heads (attention's
 // weighted values of a group of query heads); per head bit for bit axpy_rows's sums over whole

@@ -1,4 +1,5 @@
 // CPU Gated DeltaNet: causal depthwise conv + SiLU, and the gated delta rule recurrence.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -36,6 +37,58 @@ void conv1d_silu_one_token(const float* mixed, float* window, Tap tap, int64_t C
     for (int64_t j = 0; j + 1 < K - 1; ++j) window[j * C + c] = window[(j + 1) * C + c];
     if (K > 1) window[(K - 2) * C + c] = x;
   }
+}
+
+// The delta rule's work on the value columns [j0, j0 + cols) of one head (see
+// delta_rule_token): Cols of them, a constant so that m and the output sums live in registers,
+// or with Cols = 0 a tail of fewer than kMaxCols.
+constexpr int64_t kMaxCols = 32;
+template <int64_t Cols>
+__attribute__((always_inline)) inline void delta_rule_columns(float* S, const float* q, const float* k,
+                                                              const float* v, float alpha, float beta,
+                                                              int64_t Dk, int64_t Dv, int64_t j0,
+                                                              int64_t cols, float* o) {
+  float m[static_cast<size_t>(Cols > 0 ? Cols : kMaxCols)] = {};
+  float acc[static_cast<size_t>(Cols > 0 ? Cols : kMaxCols)] = {};
+  const int64_t n = Cols > 0 ? Cols : cols;
+  for (int64_t i = 0; i < Dk; ++i) {
+    float* Si = S + i * Dv + j0;
+    const float ki = k[i];
+#pragma omp simd
+    for (int64_t l = 0; l < n; ++l) {
+      Si[l] *= alpha;
+      m[l] += Si[l] * ki;
+    }
+  }
+  for (int64_t l = 0; l < n; ++l) m[l] = beta * (v[j0 + l] - m[l]);
+  for (int64_t i = 0; i < Dk; ++i) {
+    float* Si = S + i * Dv + j0;
+    const float ki = k[i];
+    const float qi = q[i];
+#pragma omp simd
+    for (int64_t l = 0; l < n; ++l) {
+      Si[l] += ki * m[l];
+      acc[l] += Si[l] * qi;
+    }
+  }
+  for (int64_t l = 0; l < n; ++l) o[j0 + l] = acc[l];
+}
+
+// One token of the delta rule for one value head: S f32 [Dk, Dv] (row i: key dim i) decayed
+// by alpha, m = beta * (v - S^T k), S += k m^T, o = S^T q (o f32 [Dv]; q, k f32 [Dk], v f32
+// [Dv]). In blocks of 32 value columns: a block's S (16 KB at Dk = 128) stays in L1 between the
+// two passes and its m and o in registers (two independent chains of adds), where row-long
+// passes streamed the head's 64 KB of state from L2 twice. Each element sees the same
+// operations in the same order as row-long passes, and the file is built with
+// -ffp-contract=off (CMakeLists.txt), so every target gives the same bits. Cloned per target
+// (the rest of this file is baseline x86-64: SSE2, no FMA).
+LILY_CPU_CLONES void delta_rule_token(float* S, const float* q, const float* k, const float* v,
+                                      float alpha, float beta, int64_t Dk, int64_t Dv, float* o) {
+  int64_t j0 = 0;
+  for (; j0 + kMaxCols <= Dv; j0 += kMaxCols) {
+    delta_rule_columns<kMaxCols>(S, q, k, v, alpha, beta, Dk, Dv, j0, kMaxCols, o);
+  }
+  if (j0 < Dv) delta_rule_columns<0>(S, q, k, v, alpha, beta, Dk, Dv, j0, Dv - j0, o);
 }
 
 }  // namespace
@@ -92,10 +145,9 @@ void CpuBackend::gated_delta_rule(const float* conv, const float* a, const float
   const int64_t ratio = Hv / dims.key_heads;
   const float q_scale = 1.0f / std::sqrt(static_cast<float>(Dk));
   pool_.parallel_for(Hv, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> q, k, m;
+    thread_local std::vector<float> q, k;
     q.resize(static_cast<size_t>(Dk));
     k.resize(static_cast<size_t>(Dk));
-    m.resize(static_cast<size_t>(Dv));
     for (int64_t h = begin; h < end; ++h) {
       const int64_t kh = h / ratio;
       const float decay_rate = std::exp(cpu::dense_value(a_log, h));
@@ -111,26 +163,7 @@ void CpuBackend::gated_delta_rule(const float* conv, const float* a, const float
         for (float& x : q) x *= q_scale;
         const float beta = cpu::sigmoid(b[t * Hv + h]);
         const float alpha = std::exp(-decay_rate * softplus(a[t * Hv + h] + bias));
-        std::fill(m.begin(), m.end(), 0.0f);
-        for (int64_t i = 0; i < Dk; ++i) {
-          float* Si = S + i * Dv;
-          for (int64_t j = 0; j < Dv; ++j) {
-            Si[j] *= alpha;
-            m[static_cast<size_t>(j)] += Si[j] * k[static_cast<size_t>(i)];
-          }
-        }
-        for (int64_t j = 0; j < Dv; ++j) m[static_cast<size_t>(j)] = beta * (v[j] - m[static_cast<size_t>(j)]);
-        float* o = out + (t * Hv + h) * Dv;
-        std::fill(o, o + Dv, 0.0f);
-        for (int64_t i = 0; i < Dk; ++i) {
-          float* Si = S + i * Dv;
-          const float ki = k[static_cast<size_t>(i)];
-          const float qi = q[static_cast<size_t>(i)];
-          for (int64_t j = 0; j < Dv; ++j) {
-            Si[j] += ki * m[static_cast<size_t>(j)];
-            o[j] += Si[j] * qi;
-          }
-        }
+        delta_rule_token(S, q.data(), k.data(), v, alpha, beta, Dk, Dv, out + (t * Hv + h) * Dv);
       }
     }
   });

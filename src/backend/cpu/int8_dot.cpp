@@ -220,14 +220,14 @@ LILY_TARGET_AVX2 inline float reduce_accumulators(__m256 acc) {
 
 // The input's planes' partials (both combined lane by lane, or the hi plane's alone) of a path
 // whose group sums take one plane (`PLANE_SUMS(r, plane, g, count, v)`).
-#define LILY_BOTH_PLANES(NAME, TARGET, PLANE_SUMS)                                              \
-  TARGET inline void NAME(const Row& r, const Q8Activations& x, int64_t g, int64_t count,      \
-                          __m256i* v) {                                                         \
-    PLANE_SUMS(r, hi_plane(x), g, count, v);                                                    \
-    if (x.planes == 1) return;                                                                  \
-    __m256i lo[kBlock];                                                                         \
-    PLANE_SUMS(r, lo_plane(x), g, count, lo);                                                   \
-    for (int64_t k = 0; k < count; ++k) v[k] = combine8(v[k], lo[k]);                           \
+#define LILY_INPUT_PLANES(NAME, TARGET, PLANE_SUMS)                                       \
+  TARGET inline void NAME(const Row& r, const Q8Activations& x, int64_t g, int64_t count, \
+                          __m256i* v) {                                                   \
+    PLANE_SUMS(r, hi_plane(x), g, count, v);                                              \
+    if (x.planes == 1) return;                                                            \
+    __m256i lo[kBlock];                                                                   \
+    PLANE_SUMS(r, lo_plane(x), g, count, lo);                                             \
+    for (int64_t k = 0; k < count; ++k) v[k] = combine8(v[k], lo[k]);                     \
   }
 
 // ---------------------------------------------------------------------------------------------
@@ -246,8 +246,8 @@ LILY_TARGET_AVX2 inline __m256i q8_group_avx2(const uint8_t* c, const int8_t* xq
 }
 
 // Q4 with both planes at once (or the hi plane alone): the group's codes loaded and split into
-// nibbles once for the two planes. The pair sums are at most 2 * 15 * 127 = 3810 and two of them 7620, far below the i16
-// saturation of vpmaddubsw.
+// nibbles once for the two planes. The pair sums are at most 2 * 15 * 127 = 3810 and two of
+// them 7620, far below the i16 saturation of vpmaddubsw.
 LILY_TARGET_AVX2 inline void q4_sums_avx2(const Row& r, const Q8Activations& x, int64_t g,
                                           int64_t count, __m256i* v) {
   const __m256i mask = _mm256_set1_epi8(0x0F);
@@ -279,7 +279,7 @@ LILY_TARGET_AVX2 inline void q8_plane_sums_avx2(const Row& r, const Plane& x, in
   }
 }
 
-LILY_BOTH_PLANES(q8_sums_avx2, LILY_TARGET_AVX2, q8_plane_sums_avx2)
+LILY_INPUT_PLANES(q8_sums_avx2, LILY_TARGET_AVX2, q8_plane_sums_avx2)
 
 LILY_INT8_ROW_DOT(row_dot_q4_avx2, LILY_TARGET_AVX2, q4_sums_avx2)
 
@@ -316,8 +316,8 @@ LILY_TARGET_AVX_VNNI inline void q8_plane_sums_avx_vnni(const Row& r, const Plan
   }
 }
 
-LILY_BOTH_PLANES(q4_sums_avx_vnni, LILY_TARGET_AVX_VNNI, q4_plane_sums_avx_vnni)
-LILY_BOTH_PLANES(q8_sums_avx_vnni, LILY_TARGET_AVX_VNNI, q8_plane_sums_avx_vnni)
+LILY_INPUT_PLANES(q4_sums_avx_vnni, LILY_TARGET_AVX_VNNI, q4_plane_sums_avx_vnni)
+LILY_INPUT_PLANES(q8_sums_avx_vnni, LILY_TARGET_AVX_VNNI, q8_plane_sums_avx_vnni)
 
 LILY_INT8_ROW_DOT(row_dot_q4_avx_vnni, LILY_TARGET_AVX_VNNI, q4_sums_avx_vnni)
 
@@ -370,8 +370,8 @@ LILY_TARGET_AVX512_VNNI inline void q8_plane_sums_avx512(const Row& r, const Pla
   }
 }
 
-LILY_BOTH_PLANES(q4_sums_avx512, LILY_TARGET_AVX512_VNNI, q4_plane_sums_avx512)
-LILY_BOTH_PLANES(q8_sums_avx512, LILY_TARGET_AVX512_VNNI, q8_plane_sums_avx512)
+LILY_INPUT_PLANES(q4_sums_avx512, LILY_TARGET_AVX512_VNNI, q4_plane_sums_avx512)
+LILY_INPUT_PLANES(q8_sums_avx512, LILY_TARGET_AVX512_VNNI, q8_plane_sums_avx512)
 
 LILY_INT8_ROW_DOT(row_dot_q4_avx512, LILY_TARGET_AVX512_VNNI, q4_sums_avx512)
 
@@ -448,7 +448,8 @@ LILY_TARGET_AVX2 inline __m256 epilogue8_loaded(__m256 acc, __m256i isum, __m256
 // quantised in Planes planes.
 template <int R, bool Full, int Planes>
 LILY_TARGET_AVX512_VNNI inline void q4_block_avx512(const Row* rows, const Q8Activations* const* xs,
-                                                    int64_t tn, int64_t g, int64_t count, Acc* acc) {
+                                                    int64_t tn, int64_t g, int64_t count,
+                                                    Acc* acc) {
   const int pairs = Full ? 4 : static_cast<int>((count + 1) / 2);
   const __m512i mask = _mm512_set1_epi8(0x0F);
   const __m512i zero = _mm512_setzero_si512();
@@ -500,7 +501,8 @@ LILY_TARGET_AVX512_VNNI inline void q4_block_avx512(const Row* rows, const Q8Act
 
 template <int R, bool Full, int Planes>
 LILY_TARGET_AVX512_VNNI inline void q8_block_avx512(const Row* rows, const Q8Activations* const* xs,
-                                                    int64_t tn, int64_t g, int64_t count, Acc* acc) {
+                                                    int64_t tn, int64_t g, int64_t count,
+                                                    Acc* acc) {
   const int present = Full ? kBlock : static_cast<int>(count);
   const __m512i zero = _mm512_setzero_si512();
   constexpr auto kR = static_cast<size_t>(R);
@@ -529,7 +531,8 @@ LILY_TARGET_AVX512_VNNI inline void q8_block_avx512(const Row* rows, const Q8Act
           s[k] = v;
           continue;
         }
-        s[k] = _mm512_dpbusd_epi32(_mm512_slli_epi32(v, 7), c[r][k], _mm512_loadu_si512(xl + k * kGroup));
+        s[k] = _mm512_dpbusd_epi32(_mm512_slli_epi32(v, 7), c[r][k],
+                                   _mm512_loadu_si512(xl + k * kGroup));
       }
       const __m256i isum = reduce_groups_avx512(s);
       float* a = acc[r][t];
@@ -662,7 +665,8 @@ LILY_TARGET_AVX512_VNNI void build_lane_tile(const QuantView& w, int64_t row0, L
     uint32_t* out = tile.codes.data() + g * 8 * kLaneRows;
     for (int a = 0; a < 4; ++a) {
       _mm512_storeu_si512(out + a * kLaneRows, _mm512_permutex2var_epi64(u[a], col_lo, u[a + 4]));
-      _mm512_storeu_si512(out + (a + 4) * kLaneRows, _mm512_permutex2var_epi64(u[a], col_hi, u[a + 4]));
+      _mm512_storeu_si512(out + (a + 4) * kLaneRows,
+                          _mm512_permutex2var_epi64(u[a], col_hi, u[a + 4]));
     }
   }
   for (int l = 0; l < kLaneRows; ++l) {
@@ -682,8 +686,8 @@ LILY_TARGET_AVX512_VNNI void build_lane_tile(const QuantView& w, int64_t row0, L
 // of the time (perf, 2026-12-07).
 template <int Planes>
 LILY_TARGET_AVX512_VNNI void lane_tile_tokens(const LaneTile& tile, int64_t groups,
-                                              const Q8Activations* const* xs, int64_t tn,
-                                              float* y, int64_t y_stride, const uint8_t* next,
+                                              const Q8Activations* const* xs, int64_t tn, float* y,
+                                              int64_t y_stride, const uint8_t* next,
                                               int64_t row_bytes) {
   alignas(64) float acc[kBlock][kLaneTokens][kLaneRows] = {};  // f32, by g % 8, token, lane
   const __m512i mask = _mm512_set1_epi8(0x0F);
@@ -735,7 +739,7 @@ LILY_TARGET_AVX512_VNNI void lane_tile_tokens(const LaneTile& tile, int64_t grou
     }
   }
   for (int64_t t = 0; t < tn; ++t) {  // reduce_accumulators, lane-wise
-    __m512 a[kBlock];  // (a lambda would not carry the target)
+    __m512 a[kBlock];                 // (a lambda would not carry the target)
     for (int k = 0; k < kBlock; ++k) a[k] = _mm512_load_ps(acc[k][t]);
     const __m512 even = _mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6]));
     const __m512 odd = _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7]));
@@ -757,15 +761,18 @@ LILY_TARGET_AVX512_VNNI void tokens_lanes_q4(const QuantView& w, int64_t row_beg
     float* yp = y + t0 * y_stride;
     for (int64_t r = 0; r < lane_rows; r += kLaneRows) {
       build_lane_tile(w, row_begin + r, tile);
-      const uint8_t* next = r + kLaneRows < lane_rows ? locate(w, row_begin + r + kLaneRows).codes : nullptr;
+      const uint8_t* next =
+          r + kLaneRows < lane_rows ? locate(w, row_begin + r + kLaneRows).codes : nullptr;
       for (int64_t t = 0; t < tn; t += kLaneTokens) {
         lane_tile_tokens<Planes>(tile, groups, xs + t0 + t, std::min<int64_t>(kLaneTokens, tn - t),
-                                 yp + t * y_stride + r, y_stride, t == 0 ? next : nullptr, groups * 32);
+                                 yp + t * y_stride + r, y_stride, t == 0 ? next : nullptr,
+                                 groups * 32);
       }
     }
   }
   if (lane_rows < rows) {
-    tokens_avx512<4, Planes>(w, row_begin + lane_rows, rows - lane_rows, xs, n, y + lane_rows, y_stride);
+    tokens_avx512<4, Planes>(w, row_begin + lane_rows, rows - lane_rows, xs, n, y + lane_rows,
+                             y_stride);
   }
 }
 
@@ -825,9 +832,8 @@ void check(const char* op, const QuantView& w, int64_t row_begin, int64_t rows,
   const auto total = static_cast<int64_t>(w.rows());
   const bool ok = (w.bits == 4 || w.bits == 8) && w.codes != nullptr && w.scales != nullptr &&
                   w.biases != nullptr && static_cast<int64_t>(w.in) == x.in && x.in > 0 &&
-                  (x.planes == 1 || x.planes == 2) &&
-                  x.in % kGroup == 0 && row_begin >= 0 && rows >= 0 && row_begin <= total &&
-                  rows <= total - row_begin;
+                  (x.planes == 1 || x.planes == 2) && x.in % kGroup == 0 && row_begin >= 0 &&
+                  rows >= 0 && row_begin <= total && rows <= total - row_begin;
   if (ok) return;
   require(w.bits == 4 || w.bits == 8, op,
           "weight " + w.name + " has " + std::to_string(w.bits) + " bits per code, expected 4 or 8");
@@ -1009,7 +1015,8 @@ void int8_rows_dot_tokens(const QuantView& w, int64_t row_begin, int64_t rows,
     if (xs[t]->planes != xs[0]->planes) {
       require(false, kOp,
               "token " + std::to_string(t) + " is quantised in " + std::to_string(xs[t]->planes) +
-                  " planes, token 0 in " + std::to_string(xs[0]->planes) + ": expected one count for the call");
+                  " planes, token 0 in " + std::to_string(xs[0]->planes) +
+                  ": expected one count for the call");
     }
   }
   if (isa == Int8Isa::automatic) isa = best();

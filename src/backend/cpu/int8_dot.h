@@ -66,7 +66,7 @@ struct Q8Activations {
   // count is zeros.
   std::vector<int8_t> q4_order;
   std::vector<int8_t> q4_order_lo;  // the lo plane in the same order (empty with one plane)
-  std::vector<float> scales;  // f32 [groups]: the unit of the (combined) code, s / 128 or s
+  std::vector<float> scales;        // f32 [groups]: the unit of the (combined) code, s / 128 or s
   std::vector<float> sums;    // f32 [groups]
 
   int64_t groups() const { return in / 64; }
@@ -100,8 +100,9 @@ void int8_rows_dot(const QuantView& w, int64_t row_begin, int64_t rows, const Q8
 // *xs[t]) for r in [0, rows) and t in [0, n), bit for bit (the same integer sums, the same f32
 // epilogue in the same order), so a prompt prefilled in one call gives what n one-token calls
 // give. xs: n pointers to quantised tokens (a gathered list: the MoE passes the tokens routed to
-// one expert); y f32, rows <= y_stride. Blocked rows x tokens: each row's codes are loaded and
-// split into nibbles once per tile of tokens and reused for all of them (docs/perf/cpu.md).
+// one expert); y f32, rows <= y_stride. Blocked rows x tokens: each tile's codes are loaded and
+// split into nibbles once and reused for a panel of tokens (AVX-512 VNNI, Q4: 16 rows in the
+// int32 lanes, no horizontal reduction; docs/perf/cpu.md).
 // Errors (std::invalid_argument): those of int8_rows_dot, n < 0, a null token or y, a token of
 // another width or plane count than the first, y_stride < rows.
 void int8_rows_dot_tokens(const QuantView& w, int64_t row_begin, int64_t rows,

@@ -114,7 +114,8 @@ void CpuBackend::expert_swiglu(const QuantView& gate, const QuantView& up, const
   const ExpertGroups groups(ids, n * k, gate.experts);
   const auto used = static_cast<int64_t>(groups.experts.size());
   if (precision_ != CpuPrecision::exact) {  // prefill on integer dots: the tokens quantised once
-    const cpu::Q8Activations* const* tokens = quantize_tokens(x, n, in, 0, planes_for(gate), "expert_swiglu");
+    const cpu::Q8Activations* const* tokens =
+        quantize_tokens(x, n, in, 0, planes_for(gate), "expert_swiglu");
     const std::vector<int64_t> starts = gather_tokens(groups, tokens, k, expert_ptrs_);
     pool_.parallel_for(used * I, [&](int64_t begin, int64_t end) {
       thread_local std::vector<float> g_rows, u_rows;  // f32 [slots of the expert, kRowChunk]
@@ -195,7 +196,8 @@ void CpuBackend::expert_down_combine(const QuantView& down, const float* h, cons
   const auto I = static_cast<int64_t>(down.in);
   const auto S = static_cast<int64_t>(shared_down.in);
   if (n == 1) {  // decode: activations prepared once (slot j in input j, shared in k), then rows
-    for (int64_t j = 0; j < k; ++j) decode_input(static_cast<size_t>(j)).prepare(h + j * I, I, planes_for(down));
+    for (int64_t j = 0; j < k; ++j)
+      decode_input(static_cast<size_t>(j)).prepare(h + j * I, I, planes_for(down));
     DecodeInput& shared_input = decode_input(static_cast<size_t>(k));
     shared_input.prepare(shared_h, S, planes_for(shared_down));
     const float gate = cpu::sigmoid(shared_logit[0]);
@@ -232,8 +234,8 @@ void CpuBackend::expert_down_combine(const QuantView& down, const float* h, cons
     }
     const cpu::Q8Activations* const* slot_q =
         quantize_tokens(h, n * k, I, 0, planes_for(down), "expert_down_combine");
-    const cpu::Q8Activations* const* shared_q =
-        quantize_tokens(shared_h, n, S, slots_total, planes_for(shared_down), "expert_down_combine");
+    const cpu::Q8Activations* const* shared_q = quantize_tokens(
+        shared_h, n, S, slots_total, planes_for(shared_down), "expert_down_combine");
     const std::vector<int64_t> starts = gather_tokens(groups, slot_q, 1, expert_ptrs_);
     pool_.parallel_for(H, [&](int64_t begin, int64_t end) {
       // f32 [n * k, kRowChunk] slot dots, [slots of one expert, kRowChunk], [n, kRowChunk] shared.

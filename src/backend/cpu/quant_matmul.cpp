@@ -70,7 +70,8 @@ namespace {
 template <int H>
 __attribute__((always_inline)) inline void dot_heads_pair_block(const float* q, int64_t q_stride,
                                                                 const float* k0, const float* k1,
-                                                                int64_t n, float* out0, float* out1) {
+                                                                int64_t n, float* out0,
+                                                                float* out1) {
   float acc0[static_cast<size_t>(H)][kDotLanes] = {};
   float acc1[static_cast<size_t>(H)][kDotLanes] = {};
   int64_t i = 0;
@@ -99,10 +100,11 @@ __attribute__((always_inline)) inline void dot_heads_pair_block(const float* q, 
 // axpy_rows for H heads: per block of 8 values, every head's accumulators, then each x row
 // loaded once and added into all of them (per head in axpy_rows's order).
 template <int H>
-__attribute__((always_inline)) inline void axpy_rows_heads_block(const float* alpha, int64_t alpha_stride,
-                                                                 int64_t rows, const float* x,
-                                                                 int64_t x_stride, float* y,
-                                                                 int64_t y_stride, int64_t n) {
+__attribute__((always_inline)) inline void axpy_rows_heads_block(const float* alpha,
+                                                                 int64_t alpha_stride, int64_t rows,
+                                                                 const float* x, int64_t x_stride,
+                                                                 float* y, int64_t y_stride,
+                                                                 int64_t n) {
   constexpr int kLanes = 8;
   int64_t i0 = 0;
   for (; i0 + kLanes <= n; i0 += kLanes) {
@@ -134,12 +136,14 @@ __attribute__((always_inline)) inline void axpy_rows_heads_block(const float* al
 }
 }  // namespace
 
-LILY_CPU_CLONES void dot_heads_pair(const float* q, int64_t q_stride, int64_t heads, const float* k0,
-                                    const float* k1, int64_t n, float* out0, float* out1) {
+LILY_CPU_CLONES void dot_heads_pair(const float* q, int64_t q_stride, int64_t heads,
+                                    const float* k0, const float* k1, int64_t n, float* out0,
+                                    float* out1) {
   for (int64_t g0 = 0; g0 < heads; g0 += 8) {
     const float* qg = q + g0 * q_stride;
     float* o0 = out0 + g0;
     float* o1 = out1 + g0;
+    // clang-format off
     switch (std::min<int64_t>(8, heads - g0)) {
       case 1: dot_heads_pair_block<1>(qg, q_stride, k0, k1, n, o0, o1); break;
       case 2: dot_heads_pair_block<2>(qg, q_stride, k0, k1, n, o0, o1); break;
@@ -150,6 +154,7 @@ LILY_CPU_CLONES void dot_heads_pair(const float* q, int64_t q_stride, int64_t he
       case 7: dot_heads_pair_block<7>(qg, q_stride, k0, k1, n, o0, o1); break;
       default: dot_heads_pair_block<8>(qg, q_stride, k0, k1, n, o0, o1); break;
     }
+    // clang-format on
   }
 }
 
@@ -159,6 +164,7 @@ LILY_CPU_CLONES void axpy_rows_heads(const float* alpha, int64_t alpha_stride, i
   for (int64_t g0 = 0; g0 < heads; g0 += 8) {
     const float* a = alpha + g0 * alpha_stride;
     float* yg = y + g0 * y_stride;
+    // clang-format off
     switch (std::min<int64_t>(8, heads - g0)) {
       case 1: axpy_rows_heads_block<1>(a, alpha_stride, rows, x, x_stride, yg, y_stride, n); break;
       case 2: axpy_rows_heads_block<2>(a, alpha_stride, rows, x, x_stride, yg, y_stride, n); break;
@@ -169,6 +175,7 @@ LILY_CPU_CLONES void axpy_rows_heads(const float* alpha, int64_t alpha_stride, i
       case 7: axpy_rows_heads_block<7>(a, alpha_stride, rows, x, x_stride, yg, y_stride, n); break;
       default: axpy_rows_heads_block<8>(a, alpha_stride, rows, x, x_stride, yg, y_stride, n); break;
     }
+    // clang-format on
   }
 }
 
@@ -374,7 +381,8 @@ const cpu::Q8Activations* const* CpuBackend::quantize_tokens(const float* x, int
   });
   if (const int64_t t = bad.load(); t < count) {
     try {
-      cpu::quantize_activations(x + t * in, in, prefill_q8_[first + static_cast<size_t>(t)], planes);
+      cpu::quantize_activations(x + t * in, in, prefill_q8_[first + static_cast<size_t>(t)],
+                                planes);
     } catch (const std::invalid_argument& e) {
       throw std::invalid_argument(std::string(op) + ": input row " + std::to_string(t) + ": " + e.what());
     }
@@ -423,7 +431,8 @@ void CpuBackend::matmul_group(std::span<const MatmulTarget> targets, const float
   for (size_t i = 0; i < targets.size(); ++i) {
     const MatmulTarget& t = targets[i];
     contract::check_matmul_target(t, i, x, n, "matmul_group", "matmul");
-    same_input = same_input && t.w->in == targets[0].w->in && planes_for(*t.w) == planes_for(*targets[0].w);
+    same_input =
+        same_input && t.w->in == targets[0].w->in && planes_for(*t.w) == planes_for(*targets[0].w);
     total += t.rows;
   }
   // Prefill, or targets that take different inputs (which no model group has): one matmul each.

@@ -1,4 +1,7 @@
-// The CPU attention kernels cpu::dot_heads, dot_heads_pair, axpy_rows and axpy_rows_heads against float64 and against the properties their callers rely on: a head's dot does not depend on how many heads share the key or whether keys come in pairs, and axpy_rows (per head, axpy_rows_heads) is exactly `rows` axpy calls.
+// The CPU attention kernels cpu::dot_heads, dot_heads_pair, axpy_rows and axpy_rows_heads against
+// float64 and against the properties their callers rely on: a head's dot does not depend on how
+// many heads share the key or whether keys come in pairs, and axpy_rows (per head, axpy_rows_heads)
+// is exactly `rows` axpy calls.
 //
 // Bound: a sum of n f32 products computed in any order is within gamma_n * sum |a_i b_i| of
 // the exact sum, gamma_n = n u / (1 - n u), u = 2^-24 (Higham, *Accuracy and Stability of
@@ -115,9 +118,11 @@ TEST(CpuKernels, PairedKeysAndGroupedHeadsGiveTheSingleCallsBits) {
     for (int64_t heads : {1, 3, 8, 9, 16}) {
       const std::string label = "n=" + std::to_string(n) + " heads=" + std::to_string(heads);
       const int64_t stride = n + 5;
-      std::vector<float> q(static_cast<size_t>(heads * stride), std::numeric_limits<float>::quiet_NaN());
+      std::vector<float> q(static_cast<size_t>(heads * stride),
+                           std::numeric_limits<float>::quiet_NaN());
       for (int64_t g = 0; g < heads; ++g) {
-        for (int64_t i = 0; i < n; ++i) q[static_cast<size_t>(g * stride + i)] = rng.uniform(-2.0f, 2.0f);
+        for (int64_t i = 0; i < n; ++i)
+          q[static_cast<size_t>(g * stride + i)] = rng.uniform(-2.0f, 2.0f);
       }
       const std::vector<float> k0 = rng.uniform_vector(static_cast<size_t>(n), -3.0f, 3.0f);
       const std::vector<float> k1 = rng.uniform_vector(static_cast<size_t>(n), -3.0f, 3.0f);
@@ -131,13 +136,18 @@ TEST(CpuKernels, PairedKeysAndGroupedHeadsGiveTheSingleCallsBits) {
       }
       for (int64_t rows : {1, 5, 8}) {
         const int64_t x_stride = n + 3, alpha_stride = 8;
-        const std::vector<float> x = rng.uniform_vector(static_cast<size_t>(rows * x_stride), -2.0f, 2.0f);
-        const std::vector<float> alpha = rng.uniform_vector(static_cast<size_t>(heads * alpha_stride), 0.0f, 1.0f);
-        const std::vector<float> y0 = rng.uniform_vector(static_cast<size_t>(heads * n) + 1, -1.0f, 1.0f);
+        const std::vector<float> x =
+            rng.uniform_vector(static_cast<size_t>(rows * x_stride), -2.0f, 2.0f);
+        const std::vector<float> alpha =
+            rng.uniform_vector(static_cast<size_t>(heads * alpha_stride), 0.0f, 1.0f);
+        const std::vector<float> y0 =
+            rng.uniform_vector(static_cast<size_t>(heads * n) + 1, -1.0f, 1.0f);
         std::vector<float> grouped = y0, single = y0;
-        cpu::axpy_rows_heads(alpha.data(), alpha_stride, heads, rows, x.data(), x_stride, grouped.data(), n, n);
+        cpu::axpy_rows_heads(alpha.data(), alpha_stride, heads, rows, x.data(), x_stride,
+                             grouped.data(), n, n);
         for (int64_t g = 0; g < heads; ++g) {
-          cpu::axpy_rows(alpha.data() + g * alpha_stride, rows, x.data(), x_stride, single.data() + g * n, n);
+          cpu::axpy_rows(alpha.data() + g * alpha_stride, rows, x.data(), x_stride,
+                         single.data() + g * n, n);
         }
         for (size_t i = 0; i < grouped.size(); ++i) {  // the last element is a guard
           ASSERT_TRUE(same_bits(grouped[i], single[i])) << label << " rows=" << rows << " at " << i;

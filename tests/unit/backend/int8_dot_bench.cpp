@@ -1,5 +1,7 @@
-// Micro-benchmark (not a test): a 2048 x 4096 Q4 matrix-vector product on one thread, the f32 decode dot vs the int8 kernel (two planes, then one) on each path, and the many-token (prefill) products.
-// Usage: int8_dot_bench [repetitions (default 50)]. Prints the best of the repetitions per path.
+// Micro-benchmark (not a test): a 2048 x 4096 Q4 matrix-vector product on one thread, the f32
+// decode dot vs the int8 kernel (two planes, then one) on each path, and the many-token (prefill)
+// products. Usage: int8_dot_bench [repetitions (default 50)]. Prints the best of the repetitions
+// per path.
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -82,7 +84,8 @@ int run(int reps) {
     const std::string tag = planes == 2 ? "int8 " : "int8 1-plane ";
     Rng xr(8);  // the same tokens for both
     cpu::Q8Activations xa;
-    const double quantise = best_of(reps, [&] { cpu::quantize_activations(x.data(), kIn, xa, planes); });
+    const double quantise =
+        best_of(reps, [&] { cpu::quantize_activations(x.data(), kIn, xa, planes); });
     std::printf("%-34s %10.2f\n", (tag + "quantize_activations (us)").c_str(), quantise * 1e6);
     std::vector<float> y_int8(kRows), y_scalar(kRows);  // f32 [2048]
     cpu::int8_rows_dot(v, 0, kRows, xa, y_scalar.data(), cpu::Int8Isa::scalar);
@@ -92,10 +95,12 @@ int run(int reps) {
         std::printf("%-34s (not on this CPU)\n", (tag + cpu::int8_isa_name(isa)).c_str());
         continue;
       }
-      const double t = best_of(reps, [&] { cpu::int8_rows_dot(v, 0, kRows, xa, y_int8.data(), isa); });
+      const double t =
+          best_of(reps, [&] { cpu::int8_rows_dot(v, 0, kRows, xa, y_int8.data(), isa); });
       line(tag + cpu::int8_isa_name(isa) + " (dots only)", t);
       if (y_int8 != y_scalar) {
-        std::fprintf(stderr, "error: the %s path differs from the scalar path\n", cpu::int8_isa_name(isa));
+        std::fprintf(stderr, "error: the %s path differs from the scalar path\n",
+                     cpu::int8_isa_name(isa));
         return 1;
       }
     }
@@ -112,7 +117,8 @@ int run(int reps) {
     // quantised tokens (quantisation timed separately), checked bit for bit against one-token dots.
     std::printf("%-34s %10s %10s %10s\n", "many tokens", "ms", "G MAC/s", "");
     for (int64_t n : {64, 256}) {
-      const std::vector<float> xn = xr.uniform_vector(static_cast<size_t>(n * kIn), -1.0f, 1.0f);  // f32 [n, 4096]
+      const std::vector<float> xn =
+          xr.uniform_vector(static_cast<size_t>(n * kIn), -1.0f, 1.0f);  // f32 [n, 4096]
       std::vector<cpu::Q8Activations> q(static_cast<size_t>(n));
       std::vector<const cpu::Q8Activations*> ptrs;
       for (int64_t t = 0; t < n; ++t) {
@@ -126,28 +132,34 @@ int run(int reps) {
       const int few = std::max(1, reps / 10);
       std::vector<float> yn(static_cast<size_t>(n * kRows));  // f32 [n, 2048]
       if (planes == 2) {
-        mline("f32 matmul n=" + std::to_string(n), best_of(few, [&] {
-                backend->matmul(v, 0, kRows, xn.data(), n, yn.data());
-              }));
+        mline("f32 matmul n=" + std::to_string(n),
+              best_of(few, [&] { backend->matmul(v, 0, kRows, xn.data(), n, yn.data()); }));
       }
-      for (cpu::Int8Isa isa : {cpu::Int8Isa::avx512_vnni, cpu::Int8Isa::avx_vnni, cpu::Int8Isa::avx2}) {
+      for (cpu::Int8Isa isa :
+           {cpu::Int8Isa::avx512_vnni, cpu::Int8Isa::avx_vnni, cpu::Int8Isa::avx2}) {
         if (!cpu::int8_isa_supported(isa)) continue;
-        mline(tag + "tokens " + cpu::int8_isa_name(isa) + " n=" + std::to_string(n), best_of(few, [&] {
+        mline(tag + "tokens " + cpu::int8_isa_name(isa) + " n=" + std::to_string(n),
+              best_of(few, [&] {
                 cpu::int8_rows_dot_tokens(v, 0, kRows, ptrs.data(), n, yn.data(), kRows, isa);
               }));
         for (int64_t t = 0; t < n; t += 37) {
-          cpu::int8_rows_dot(v, 0, kRows, q[static_cast<size_t>(t)], y_int8.data(), cpu::Int8Isa::scalar);
+          cpu::int8_rows_dot(v, 0, kRows, q[static_cast<size_t>(t)], y_int8.data(),
+                             cpu::Int8Isa::scalar);
           if (!std::equal(y_int8.begin(), y_int8.end(), yn.begin() + t * kRows)) {
-            std::fprintf(stderr, "error: int8_rows_dot_tokens (%s) differs from int8_rows_dot at token %lld\n",
-                         cpu::int8_isa_name(isa), static_cast<long long>(t));
+            std::fprintf(
+                stderr,
+                "error: int8_rows_dot_tokens (%s) differs from int8_rows_dot at token %lld\n",
+                cpu::int8_isa_name(isa), static_cast<long long>(t));
             return 1;
           }
         }
       }
       const double qt = best_of(few, [&] {
-        for (int64_t t = 0; t < n; ++t) cpu::quantize_activations(xn.data() + t * kIn, kIn, q[static_cast<size_t>(t)], planes);
+        for (int64_t t = 0; t < n; ++t)
+          cpu::quantize_activations(xn.data() + t * kIn, kIn, q[static_cast<size_t>(t)], planes);
       });
-      std::printf("%-34s %10.2f\n", (tag + "quantize " + std::to_string(n) + " tokens (ms)").c_str(), qt * 1e3);
+      std::printf("%-34s %10.2f\n",
+                  (tag + "quantize " + std::to_string(n) + " tokens (ms)").c_str(), qt * 1e3);
     }
   }
   return 0;

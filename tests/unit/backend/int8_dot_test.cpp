@@ -349,68 +349,69 @@ TEST(Int8Dot, MatchesFloat64ReferencesAndEveryPathIsBitIdentical) {
   Rng rng(4);
   const std::vector<Int8Isa> paths = supported_paths();
   for (int planes : {2, 1}) {
-  for (int bits : {4, 8}) {
-    for (int64_t in : {64, 192, 576, 4096}) {
-      const int64_t rows = in == 4096 ? 64 : 37;
-      const TestWeight w = random_weight(rng, bits, rows, in);
-      const std::vector<float> x = random_input(rng, in, true);
-      const Q8Activations xa = quantise(x, planes);
-      std::vector<float> scalar(static_cast<size_t>(rows));
-      cpu::int8_rows_dot(w.view(), 0, rows, xa, scalar.data(), Int8Isa::scalar);
-      std::vector<double> want_q(scalar.size()), want_x(scalar.size());
-      double worst_rounding = 0, worst_bound_ratio = 0;
-      for (int64_t r = 0; r < rows; ++r) {
-        const RowRef ref = reference(w.view(), r, xa, x);
-        want_q[static_cast<size_t>(r)] = ref.quantised;
-        want_x[static_cast<size_t>(r)] = ref.exact;
-        const double got = static_cast<double>(scalar[static_cast<size_t>(r)]);
-        // (1) f32 rounding: a few roundings per group term and a sum of groups/8 + 3 levels,
-        // relative to the sum of the terms' magnitudes; 1e-6 is 17 units of 2^-24.
-        ASSERT_LE(std::fabs(got - ref.quantised), 1e-6 * ref.terms)
-            << "bits " << bits << " in " << in << " row " << r;
-        worst_rounding = std::max(worst_rounding, std::fabs(got - ref.quantised) / ref.terms);
-        // (3) the quantisation error bound, with the f32 rounding on top.
-        const double err = std::fabs(got - ref.exact);
-        ASSERT_LE(err, ref.bound + 1e-6 * ref.terms) << "bits " << bits << " in " << in << " row " << r;
-        worst_bound_ratio = std::max(worst_bound_ratio, err / ref.bound);
-      }
-      const std::string label =
-          std::to_string(planes) + " plane(s) q" + std::to_string(bits) + " in=" + std::to_string(in);
-      const ErrorFigures fq = report("int8 vs same xq", label, scalar, want_q);
-      const ErrorFigures fx = report("int8 vs f64 of x", label, scalar, want_x);
-      std::printf("[int8] %s: worst f32 rounding %.2e of the terms, worst error/bound %.3f\n",
-                  label.c_str(), worst_rounding, worst_bound_ratio);
-      EXPECT_LT(fq.normalised, 1e-6);
-      // Quantisation must show: an x that slipped through unquantised would give ~1e-7. With
-      // both planes it is 1.8e-5 to 1.3e-4 here; with one, about 100 times that.
-      if (planes == 2) {
-        EXPECT_GT(fx.normalised, 3e-6) << label;
-        EXPECT_LT(fx.normalised, 5e-4) << label;
-      } else {
-        EXPECT_GT(fx.normalised, 3e-4) << label;
-        EXPECT_LT(fx.normalised, 3e-2) << label;
-      }
-      // (2) every path, multi-row and single-row, bit for bit.
-      for (Int8Isa isa : paths) {
-        std::vector<float> y(static_cast<size_t>(rows), -1.0f);
-        cpu::int8_rows_dot(w.view(), 0, rows, xa, y.data(), isa);
+    for (int bits : {4, 8}) {
+      for (int64_t in : {64, 192, 576, 4096}) {
+        const int64_t rows = in == 4096 ? 64 : 37;
+        const TestWeight w = random_weight(rng, bits, rows, in);
+        const std::vector<float> x = random_input(rng, in, true);
+        const Q8Activations xa = quantise(x, planes);
+        std::vector<float> scalar(static_cast<size_t>(rows));
+        cpu::int8_rows_dot(w.view(), 0, rows, xa, scalar.data(), Int8Isa::scalar);
+        std::vector<double> want_q(scalar.size()), want_x(scalar.size());
+        double worst_rounding = 0, worst_bound_ratio = 0;
         for (int64_t r = 0; r < rows; ++r) {
-          ASSERT_EQ(std::bit_cast<uint32_t>(y[static_cast<size_t>(r)]),
-                    std::bit_cast<uint32_t>(scalar[static_cast<size_t>(r)]))
-              << cpu::int8_isa_name(isa) << " " << label << " row " << r;
+          const RowRef ref = reference(w.view(), r, xa, x);
+          want_q[static_cast<size_t>(r)] = ref.quantised;
+          want_x[static_cast<size_t>(r)] = ref.exact;
+          const double got = static_cast<double>(scalar[static_cast<size_t>(r)]);
+          // (1) f32 rounding: a few roundings per group term and a sum of groups/8 + 3 levels,
+          // relative to the sum of the terms' magnitudes; 1e-6 is 17 units of 2^-24.
+          ASSERT_LE(std::fabs(got - ref.quantised), 1e-6 * ref.terms)
+              << "bits " << bits << " in " << in << " row " << r;
+          worst_rounding = std::max(worst_rounding, std::fabs(got - ref.quantised) / ref.terms);
+          // (3) the quantisation error bound, with the f32 rounding on top.
+          const double err = std::fabs(got - ref.exact);
+          ASSERT_LE(err, ref.bound + 1e-6 * ref.terms)
+              << "bits " << bits << " in " << in << " row " << r;
+          worst_bound_ratio = std::max(worst_bound_ratio, err / ref.bound);
         }
-        // The last row alone (its codes end at the guard page) and a middle range.
-        EXPECT_EQ(std::bit_cast<uint32_t>(cpu::int8_row_dot(w.view(), rows - 1, xa, isa)),
-                  std::bit_cast<uint32_t>(scalar.back()))
-            << cpu::int8_isa_name(isa) << " " << label;
-        cpu::int8_rows_dot(w.view(), 5, rows - 5, xa, y.data(), isa);
-        EXPECT_EQ(std::bit_cast<uint32_t>(y[0]), std::bit_cast<uint32_t>(scalar[5]));
+        const std::string label = std::to_string(planes) + " plane(s) q" + std::to_string(bits) +
+                                  " in=" + std::to_string(in);
+        const ErrorFigures fq = report("int8 vs same xq", label, scalar, want_q);
+        const ErrorFigures fx = report("int8 vs f64 of x", label, scalar, want_x);
+        std::printf("[int8] %s: worst f32 rounding %.2e of the terms, worst error/bound %.3f\n",
+                    label.c_str(), worst_rounding, worst_bound_ratio);
+        EXPECT_LT(fq.normalised, 1e-6);
+        // Quantisation must show: an x that slipped through unquantised would give ~1e-7. With
+        // both planes it is 1.8e-5 to 1.3e-4 here; with one, about 100 times that.
+        if (planes == 2) {
+          EXPECT_GT(fx.normalised, 3e-6) << label;
+          EXPECT_LT(fx.normalised, 5e-4) << label;
+        } else {
+          EXPECT_GT(fx.normalised, 3e-4) << label;
+          EXPECT_LT(fx.normalised, 3e-2) << label;
+        }
+        // (2) every path, multi-row and single-row, bit for bit.
+        for (Int8Isa isa : paths) {
+          std::vector<float> y(static_cast<size_t>(rows), -1.0f);
+          cpu::int8_rows_dot(w.view(), 0, rows, xa, y.data(), isa);
+          for (int64_t r = 0; r < rows; ++r) {
+            ASSERT_EQ(std::bit_cast<uint32_t>(y[static_cast<size_t>(r)]),
+                      std::bit_cast<uint32_t>(scalar[static_cast<size_t>(r)]))
+                << cpu::int8_isa_name(isa) << " " << label << " row " << r;
+          }
+          // The last row alone (its codes end at the guard page) and a middle range.
+          EXPECT_EQ(std::bit_cast<uint32_t>(cpu::int8_row_dot(w.view(), rows - 1, xa, isa)),
+                    std::bit_cast<uint32_t>(scalar.back()))
+              << cpu::int8_isa_name(isa) << " " << label;
+          cpu::int8_rows_dot(w.view(), 5, rows - 5, xa, y.data(), isa);
+          EXPECT_EQ(std::bit_cast<uint32_t>(y[0]), std::bit_cast<uint32_t>(scalar[5]));
+        }
+        std::vector<float> automatic(static_cast<size_t>(rows));
+        cpu::int8_rows_dot(w.view(), 0, rows, xa, automatic.data());
+        EXPECT_EQ(std::memcmp(automatic.data(), scalar.data(), automatic.size() * 4), 0) << label;
       }
-      std::vector<float> automatic(static_cast<size_t>(rows));
-      cpu::int8_rows_dot(w.view(), 0, rows, xa, automatic.data());
-      EXPECT_EQ(std::memcmp(automatic.data(), scalar.data(), automatic.size() * 4), 0) << label;
     }
-  }
   }
 }
 
@@ -420,46 +421,48 @@ TEST(Int8Dot, MatchesFloat64ReferencesAndEveryPathIsBitIdentical) {
 TEST(Int8Dot, ExtremeCodesAndActivations) {
   const std::vector<Int8Isa> paths = supported_paths();
   for (int planes : {2, 1}) {
-  for (int bits : {4, 8}) {
-    const int top = (1 << bits) - 1;
-    for (int64_t in : {64, 576}) {
-      const int64_t rows = 4;
-      // Row 0: all codes max; row 1: all 0; row 2: alternating max/0; row 3: max where x > 0.
-      std::vector<float> x(static_cast<size_t>(in));
-      for (int64_t c = 0; c < in; ++c) {
-        const int64_t g = c / 64;
-        const float sign = (g % 3 == 2) ? -1.0f : 1.0f;  // some groups all negative
-        x[static_cast<size_t>(c)] = g % 4 == 3 ? 0.0f : sign * 3.5f;  // every element at +-max
-      }
-      const TestWeight w(
-          bits, rows, in,
-          [&](int64_t r, int64_t c) {
-            if (r == 0) return top;
-            if (r == 1) return 0;
-            if (r == 2) return c % 2 == 0 ? top : 0;
-            return x[static_cast<size_t>(c)] > 0 ? top : 0;
-          },
-          [](int64_t, int64_t g) { return 0.01f * static_cast<float>(g + 1); },
-          [](int64_t, int64_t g) { return -0.05f * static_cast<float>(g % 3); });
-      const Q8Activations xa = quantise(x, planes);
-      for (int64_t c = 0; c < in; ++c) {
-        const int expect = x[static_cast<size_t>(c)] == 0 ? 0 : (x[static_cast<size_t>(c)] > 0 ? 127 : -127);
-        ASSERT_EQ(xa.natural[static_cast<size_t>(c)], expect) << c;
-      }
-      for (Int8Isa isa : paths) {
-        std::vector<float> y(static_cast<size_t>(rows));
-        cpu::int8_rows_dot(w.view(), 0, rows, xa, y.data(), isa);
-        for (int64_t r = 0; r < rows; ++r) {
-          const RowRef ref = reference(w.view(), r, xa, x);
-          EXPECT_LE(std::fabs(static_cast<double>(y[static_cast<size_t>(r)]) - ref.quantised), 1e-6 * ref.terms)
-              << cpu::int8_isa_name(isa) << " bits " << bits << " in " << in << " row " << r;
-          // Every x is exactly representable here (x = +-127 * scale up to one rounding), so
-          // the quantised dot is the exact dot to f32 rounding.
-          EXPECT_LE(std::fabs(ref.quantised - ref.exact), 1e-6 * ref.terms);
+    for (int bits : {4, 8}) {
+      const int top = (1 << bits) - 1;
+      for (int64_t in : {64, 576}) {
+        const int64_t rows = 4;
+        // Row 0: all codes max; row 1: all 0; row 2: alternating max/0; row 3: max where x > 0.
+        std::vector<float> x(static_cast<size_t>(in));
+        for (int64_t c = 0; c < in; ++c) {
+          const int64_t g = c / 64;
+          const float sign = (g % 3 == 2) ? -1.0f : 1.0f;               // some groups all negative
+          x[static_cast<size_t>(c)] = g % 4 == 3 ? 0.0f : sign * 3.5f;  // every element at +-max
+        }
+        const TestWeight w(
+            bits, rows, in,
+            [&](int64_t r, int64_t c) {
+              if (r == 0) return top;
+              if (r == 1) return 0;
+              if (r == 2) return c % 2 == 0 ? top : 0;
+              return x[static_cast<size_t>(c)] > 0 ? top : 0;
+            },
+            [](int64_t, int64_t g) { return 0.01f * static_cast<float>(g + 1); },
+            [](int64_t, int64_t g) { return -0.05f * static_cast<float>(g % 3); });
+        const Q8Activations xa = quantise(x, planes);
+        for (int64_t c = 0; c < in; ++c) {
+          const int expect =
+              x[static_cast<size_t>(c)] == 0 ? 0 : (x[static_cast<size_t>(c)] > 0 ? 127 : -127);
+          ASSERT_EQ(xa.natural[static_cast<size_t>(c)], expect) << c;
+        }
+        for (Int8Isa isa : paths) {
+          std::vector<float> y(static_cast<size_t>(rows));
+          cpu::int8_rows_dot(w.view(), 0, rows, xa, y.data(), isa);
+          for (int64_t r = 0; r < rows; ++r) {
+            const RowRef ref = reference(w.view(), r, xa, x);
+            EXPECT_LE(std::fabs(static_cast<double>(y[static_cast<size_t>(r)]) - ref.quantised),
+                      1e-6 * ref.terms)
+                << cpu::int8_isa_name(isa) << " bits " << bits << " in " << in << " row " << r;
+            // Every x is exactly representable here (x = +-127 * scale up to one rounding), so
+            // the quantised dot is the exact dot to f32 rounding.
+            EXPECT_LE(std::fabs(ref.quantised - ref.exact), 1e-6 * ref.terms);
+          }
         }
       }
     }
-  }
   }
 }
 
@@ -488,48 +491,53 @@ TEST(Int8Dot, ZeroInputGivesZero) {
 TEST(Int8Dot, ManyTokensGiveTheOneTokenDotsBitForBit) {
   Rng rng(6);
   for (int planes : {2, 1}) {
-  for (int bits : {4, 8}) {
-    for (int64_t in : {64, 192, 576, 4096}) {
-      const int64_t rows = in == 4096 ? 21 : 37;
-      const TestWeight w = random_weight(rng, bits, rows, in);
-      std::vector<Q8Activations> pool;
-      for (int i = 0; i < 20; ++i) pool.push_back(quantise(random_input(rng, in, i % 3 == 0), planes));
-      for (int64_t n : {1, 3, 16, 17, 33}) {
-        std::vector<const Q8Activations*> xs;
-        for (int64_t t = 0; t < n; ++t) xs.push_back(&pool[static_cast<size_t>((t * 7 + t / 5) % 20)]);
-        const int64_t row_begin = 4;
-        const int64_t count = rows - row_begin;  // odd: 33 or 17, ends at the last row
-        const int64_t stride = count + 3;
-        std::vector<float> want(static_cast<size_t>(n * count));
-        for (int64_t t = 0; t < n; ++t) {
-          for (int64_t r = 0; r < count; ++r) {
-            want[static_cast<size_t>(t * count + r)] =
-                cpu::int8_row_dot(w.view(), row_begin + r, *xs[static_cast<size_t>(t)], Int8Isa::scalar);
-          }
-        }
-        for (Int8Isa isa : {Int8Isa::automatic, Int8Isa::avx512_vnni, Int8Isa::avx_vnni,
-                            Int8Isa::avx2, Int8Isa::scalar}) {
-          if (!cpu::int8_isa_supported(isa)) continue;
-          const std::string label = std::string(cpu::int8_isa_name(isa)) + " planes " +
-                                    std::to_string(planes) + " q" + std::to_string(bits) +
-                                    " in=" + std::to_string(in) + " n=" + std::to_string(n);
-          std::vector<float> y(static_cast<size_t>(n * stride), -7.0f);
-          cpu::int8_rows_dot_tokens(w.view(), row_begin, count, xs.data(), n, y.data(), stride, isa);
+    for (int bits : {4, 8}) {
+      for (int64_t in : {64, 192, 576, 4096}) {
+        const int64_t rows = in == 4096 ? 21 : 37;
+        const TestWeight w = random_weight(rng, bits, rows, in);
+        std::vector<Q8Activations> pool;
+        for (int i = 0; i < 20; ++i)
+          pool.push_back(quantise(random_input(rng, in, i % 3 == 0), planes));
+        for (int64_t n : {1, 3, 16, 17, 33}) {
+          std::vector<const Q8Activations*> xs;
+          for (int64_t t = 0; t < n; ++t)
+            xs.push_back(&pool[static_cast<size_t>((t * 7 + t / 5) % 20)]);
+          const int64_t row_begin = 4;
+          const int64_t count = rows - row_begin;  // odd: 33 or 17, ends at the last row
+          const int64_t stride = count + 3;
+          std::vector<float> want(static_cast<size_t>(n * count));
           for (int64_t t = 0; t < n; ++t) {
-            for (int64_t r = 0; r < stride; ++r) {
-              const float got = y[static_cast<size_t>(t * stride + r)];
-              if (r >= count) {
-                ASSERT_EQ(got, -7.0f) << label << ": wrote the stride gap at token " << t << " col " << r;
-                continue;
+            for (int64_t r = 0; r < count; ++r) {
+              want[static_cast<size_t>(t * count + r)] = cpu::int8_row_dot(
+                  w.view(), row_begin + r, *xs[static_cast<size_t>(t)], Int8Isa::scalar);
+            }
+          }
+          for (Int8Isa isa : {Int8Isa::automatic, Int8Isa::avx512_vnni, Int8Isa::avx_vnni,
+                              Int8Isa::avx2, Int8Isa::scalar}) {
+            if (!cpu::int8_isa_supported(isa)) continue;
+            const std::string label = std::string(cpu::int8_isa_name(isa)) + " planes " +
+                                      std::to_string(planes) + " q" + std::to_string(bits) +
+                                      " in=" + std::to_string(in) + " n=" + std::to_string(n);
+            std::vector<float> y(static_cast<size_t>(n * stride), -7.0f);
+            cpu::int8_rows_dot_tokens(w.view(), row_begin, count, xs.data(), n, y.data(), stride,
+                                      isa);
+            for (int64_t t = 0; t < n; ++t) {
+              for (int64_t r = 0; r < stride; ++r) {
+                const float got = y[static_cast<size_t>(t * stride + r)];
+                if (r >= count) {
+                  ASSERT_EQ(got, -7.0f)
+                      << label << ": wrote the stride gap at token " << t << " col " << r;
+                  continue;
+                }
+                ASSERT_EQ(std::bit_cast<uint32_t>(got),
+                          std::bit_cast<uint32_t>(want[static_cast<size_t>(t * count + r)]))
+                    << label << " token " << t << " row " << row_begin + r;
               }
-              ASSERT_EQ(std::bit_cast<uint32_t>(got), std::bit_cast<uint32_t>(want[static_cast<size_t>(t * count + r)]))
-                  << label << " token " << t << " row " << row_begin + r;
             }
           }
         }
       }
     }
-  }
   }
 }
 
@@ -537,32 +545,35 @@ TEST(Int8Dot, ManyTokensGiveTheOneTokenDotsBitForBit) {
 // 255 * 127 * 64 in both planes, combined before the reduction), every path bit for bit.
 TEST(Int8Dot, ManyTokensExtremeCodes) {
   for (int planes : {2, 1}) {
-  for (int bits : {4, 8}) {
-    const int top = (1 << bits) - 1;
-    const int64_t in = 576;
-    std::vector<float> x(static_cast<size_t>(in)), xneg(x.size());
-    for (int64_t c = 0; c < in; ++c) {
-      x[static_cast<size_t>(c)] = 3.5f;
-      xneg[static_cast<size_t>(c)] = c % 64 == 0 ? 3.5f : -3.5f;
-    }
-    const TestWeight w(bits, 3, in, [&](int64_t r, int64_t c) { return r == 1 ? 0 : (r == 0 || c % 2 == 0 ? top : 0); },
-                       [](int64_t, int64_t g) { return 0.01f * static_cast<float>(g + 1); },
-                       [](int64_t, int64_t g) { return -0.05f * static_cast<float>(g % 3); });
-    const Q8Activations a = quantise(x, planes), b = quantise(xneg, planes);
-    const Q8Activations* xs[] = {&a, &b, &a};
-    for (Int8Isa isa : supported_paths()) {
-      float y[9];
-      cpu::int8_rows_dot_tokens(w.view(), 0, 3, xs, 3, y, 3, isa);
-      for (int64_t t = 0; t < 3; ++t) {
-        for (int64_t r = 0; r < 3; ++r) {
-          EXPECT_EQ(std::bit_cast<uint32_t>(y[t * 3 + r]),
-                    std::bit_cast<uint32_t>(cpu::int8_row_dot(w.view(), r, *xs[t], Int8Isa::scalar)))
-              << cpu::int8_isa_name(isa) << " planes " << planes << " bits " << bits << " token " << t
-              << " row " << r;
+    for (int bits : {4, 8}) {
+      const int top = (1 << bits) - 1;
+      const int64_t in = 576;
+      std::vector<float> x(static_cast<size_t>(in)), xneg(x.size());
+      for (int64_t c = 0; c < in; ++c) {
+        x[static_cast<size_t>(c)] = 3.5f;
+        xneg[static_cast<size_t>(c)] = c % 64 == 0 ? 3.5f : -3.5f;
+      }
+      const TestWeight w(
+          bits, 3, in,
+          [&](int64_t r, int64_t c) { return r == 1 ? 0 : (r == 0 || c % 2 == 0 ? top : 0); },
+          [](int64_t, int64_t g) { return 0.01f * static_cast<float>(g + 1); },
+          [](int64_t, int64_t g) { return -0.05f * static_cast<float>(g % 3); });
+      const Q8Activations a = quantise(x, planes), b = quantise(xneg, planes);
+      const Q8Activations* xs[] = {&a, &b, &a};
+      for (Int8Isa isa : supported_paths()) {
+        float y[9];
+        cpu::int8_rows_dot_tokens(w.view(), 0, 3, xs, 3, y, 3, isa);
+        for (int64_t t = 0; t < 3; ++t) {
+          for (int64_t r = 0; r < 3; ++r) {
+            EXPECT_EQ(
+                std::bit_cast<uint32_t>(y[t * 3 + r]),
+                std::bit_cast<uint32_t>(cpu::int8_row_dot(w.view(), r, *xs[t], Int8Isa::scalar)))
+                << cpu::int8_isa_name(isa) << " planes " << planes << " bits " << bits << " token "
+                << t << " row " << r;
+          }
         }
       }
     }
-  }
   }
 }
 
@@ -591,8 +602,9 @@ TEST(Int8Dot, ManyTokensRejectsBadArguments) {
             std::string::npos);
   const Q8Activations one_plane = quantise(random_input(rng, 128, false), 1);
   const Q8Activations* mixed_planes[] = {&a, &one_plane};
-  EXPECT_NE(message([&] { cpu::int8_rows_dot_tokens(w.view(), 0, 3, mixed_planes, 2, y, 3); })
-                .find("token 1 is quantised in 1 planes, token 0 in 2"),
+  EXPECT_NE(message([&] {
+              cpu::int8_rows_dot_tokens(w.view(), 0, 3, mixed_planes, 2, y, 3);
+            }).find("token 1 is quantised in 1 planes, token 0 in 2"),
             std::string::npos);
   EXPECT_NE(message([&] { cpu::int8_rows_dot_tokens(w.view(), 0, 3, ok, 2, y, 2); }).find("stride 2 below the 3 rows"),
             std::string::npos);

@@ -99,10 +99,14 @@ TEST(CliDevice, CudaDisableIsCheckedBeforeLoading) {
 TEST(CliDevice, CpuPrecisionChoosesThePathTheStartUpLineNames) {
   const RunResult bad = run_lily("run --prompt-ids 1 --model /nonexistent --cpu-precision q4");
   EXPECT_EQ(bad.exit_code, 2);
-  EXPECT_NE(bad.err.find("--cpu-precision is \"q4\", expected exact, fast or q8"), std::string::npos) << bad.err;
-  const RunResult cuda = run_lily("run --prompt-ids 1 --model /nonexistent --device cuda --cpu-precision q8");
+  EXPECT_NE(bad.err.find("--cpu-precision is \"q4\", expected exact, fast or q8"),
+            std::string::npos)
+      << bad.err;
+  const RunResult cuda =
+      run_lily("run --prompt-ids 1 --model /nonexistent --device cuda --cpu-precision q8");
   EXPECT_EQ(cuda.exit_code, 2);
-  EXPECT_NE(cuda.err.find("--cpu-precision applies to the CPU backend, not --device cuda"), std::string::npos)
+  EXPECT_NE(cuda.err.find("--cpu-precision applies to the CPU backend, not --device cuda"),
+            std::string::npos)
       << cuda.err;
   TinyCheckpoint ckpt;
   const struct {
@@ -112,11 +116,13 @@ TEST(CliDevice, CpuPrecisionChoosesThePathTheStartUpLineNames) {
                {"fast", "two activation planes"},
                {"q8", "one activation plane (two for 8-bit weights)"}};
   for (const auto& c : cases) {
-    const RunResult r = run_lily("run --model " + quoted(ckpt.dir()) +
-                                 " --prompt-ids 1,2 --max-tokens 2 --device cpu --cpu-precision " + c.value);
+    const RunResult r =
+        run_lily("run --model " + quoted(ckpt.dir()) +
+                 " --prompt-ids 1,2 --max-tokens 2 --device cpu --cpu-precision " + c.value);
     EXPECT_EQ(r.exit_code, 0) << c.value << ": " << r.err;
     EXPECT_NE(r.err.find(c.path), std::string::npos) << c.value << ": " << r.err;
-    EXPECT_NE(r.err.find(std::string("(--cpu-precision ") + c.value + ")"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(std::string("(--cpu-precision ") + c.value + ")"), std::string::npos)
+        << r.err;
   }
 }
 

@@ -115,9 +115,13 @@ void int8_prefill_equals_token_by_token(CpuPrecision precision) {
   }
 }
 
-TEST(Chunking, FastPrefillEqualsFastTokenByToken) { int8_prefill_equals_token_by_token(CpuPrecision::fast); }
+TEST(Chunking, FastPrefillEqualsFastTokenByToken) {
+  int8_prefill_equals_token_by_token(CpuPrecision::fast);
+}
 
-TEST(Chunking, Q8PrefillEqualsQ8TokenByToken) { int8_prefill_equals_token_by_token(CpuPrecision::q8); }
+TEST(Chunking, Q8PrefillEqualsQ8TokenByToken) {
+  int8_prefill_equals_token_by_token(CpuPrecision::q8);
+}
 
 // --kv-cache bf16: chunked and token-by-token prefill agree with one shot as closely as the
 // f32 cache's runs do, except where a key or value lands near the midpoint of two bf16 values

@@ -150,9 +150,10 @@ inline void check_golden(const std::filesystem::path& file, Backend& backend, in
     }
   }
   EXPECT_GE(compared, 1u);
-  std::printf("%s on %s (KV cache %s): %zu of %zu steps compared, worst relative logit error %.3g, %s\n",
-              file.filename().c_str(), backend.name().c_str(), kv_dtype_name(kv_cache), compared,
-              expected.size(), worst, flip.c_str());
+  std::printf(
+      "%s on %s (KV cache %s): %zu of %zu steps compared, worst relative logit error %.3g, %s\n",
+      file.filename().c_str(), backend.name().c_str(), kv_dtype_name(kv_cache), compared,
+      expected.size(), worst, flip.c_str());
 }
 
 }  // namespace lily::testing

@@ -1,4 +1,5 @@
-// The CPU model against goldens from transformers' Qwen3_5MoeForCausalLM (float64): exact, --cpu-precision fast and q8, and bf16 and int8 KV caches.
+// The CPU model against goldens from transformers' Qwen3_5MoeForCausalLM (float64): exact,
+// --cpu-precision fast and q8, and bf16 and int8 KV caches.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -65,12 +66,15 @@ class Q8GoldenTest : public ::testing::TestWithParam<std::filesystem::path> {};
 
 TEST_P(Q8GoldenTest, GreedyTokensAndTopLogitsMatchTransformers) {
   std::unique_ptr<Backend> backend = make_cpu_backend(0, CpuPrecision::q8);
-  ASSERT_NE(backend->code_path().find("one activation plane"), std::string::npos) << backend->code_path();
+  ASSERT_NE(backend->code_path().find("one activation plane"), std::string::npos)
+      << backend->code_path();
   testing::check_golden(GetParam(), *backend, 256, {kQ8LogitTolerance, kQ8MarginTolerance});
 }
 
 INSTANTIATE_TEST_SUITE_P(Tiny, Q8GoldenTest, ::testing::ValuesIn(testing::golden_files()),
-                         [](const auto& param_info) { return testing::golden_test_name(param_info.param); });
+                         [](const auto& param_info) {
+                           return testing::golden_test_name(param_info.param);
+                         });
 
 // --kv-cache bf16 on the CPU: every key and value rounded to bf16 when it is cached, the rest
 // as the f32 path (docs/precision.md, *The bf16 KV cache*). The bounds are CUDA's for its bf16
