@@ -356,7 +356,7 @@ class Backend {
 // quantised per group of 64 in two int8 planes and integer dot products against the codes (AVX-512
 // VNNI, AVX-VNNI or AVX2: backend/cpu/int8_dot.h), about 5e-5 relative per dot; the prefill's
 // products bit for bit the decode's. q8: the same integer dots on one int8 plane (llama.cpp's Q8
-// activations): half the integer work, about 1e-2 relative per dot.
+// activations): half the integer work, about 4e-3 relative per dot.
 enum class CpuPrecision { exact, fast, q8 };
 const char* cpu_precision_name(CpuPrecision precision);
 // The int8 planes a precision quantises activations into: 0 (exact: none), 2 (fast), 1 (q8).

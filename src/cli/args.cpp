@@ -238,7 +238,7 @@ OptionSpec cpu_precision_option() {
   return {"cpu-precision", true,
           "CPU matrix products (decode and prefill): exact (f32, the default), fast (int8 dot "
           "products on two activation planes, about 5e-5 relative per dot) or q8 (one plane, "
-          "llama.cpp's 8-bit activations: faster, about 1e-2 relative per dot); docs/precision.md"};
+          "llama.cpp's 8-bit activations: faster, about 4e-3 relative per dot); docs/precision.md"};
 }
 
 CudaOptions cuda_options_from(const Args& args) {

@@ -75,21 +75,18 @@ LILY_CPU_CLONES void dot_heads(const float* q, int64_t q_stride, int64_t heads, 
                                int64_t n, float* out);
 // y[i] += alpha x[i]
 LILY_CPU_CLONES void axpy(float alpha, const float* x, float* y, int64_t n);
-// y[i] += alpha[r] x[r * x_stride + i] for r = 0, 1, ... rows - 1 in that order: the same sums
-// as `rows` calls of axpy, with y loaded and stored once (attention's weighted values); bit for
-// bit over whole blocks of 8 values, while the last n % 8 may round differently (multiply-add
-// contraction in the tails; attention's head dims are multiples of 8). cpu_kernels_test.cpp.
-LILY_CPU_CLONES void axpy_rows(const float* alpha, int64_t rows, const float* x, int64_t x_stride,
-                               float* y, int64_t n);
 // dot_heads against two keys at once, each query chunk loaded once for both: out0 and out1 are
 // bit for bit dot_heads with k0 and with k1 (attention's scores, a pair of keys at a time).
 LILY_CPU_CLONES void dot_heads_pair(const float* q, int64_t q_stride, int64_t heads,
                                     const float* k0, const float* k1, int64_t n, float* out0,
                                     float* out1);
-// axpy_rows for `heads` outputs at once: for each head g, axpy_rows(alpha + g * alpha_stride,
-// rows, x, x_stride, y + g * y_stride, n), each x row loaded once for all heads (attention's
-// weighted values of a group of query heads); per head bit for bit axpy_rows's sums over whole
-// blocks of 8 values (the same order; the tails as axpy_rows's, see there).
+// y_g[i] += alpha_g[r] x[r * x_stride + i] for r = 0, 1, ... rows - 1 in that order, for each
+// head g < heads (y_g = y + g * y_stride, alpha_g = alpha + g * alpha_stride): the same sums as
+// `rows` calls of axpy per head, with y loaded and stored once and each x row loaded once for
+// all heads (attention's weighted values of a group of query heads). A head's result does not
+// depend on `heads`; it is bit for bit the axpy calls' over whole blocks of 8 values, while the
+// last n % 8 may round differently (multiply-add contraction in the tails; attention's head
+// dims are multiples of 8). cpu_kernels_test.cpp.
 LILY_CPU_CLONES void axpy_rows_heads(const float* alpha, int64_t alpha_stride, int64_t heads,
                                      int64_t rows, const float* x, int64_t x_stride, float* y,
                                      int64_t y_stride, int64_t n);

@@ -97,8 +97,8 @@ __attribute__((always_inline)) inline void dot_heads_pair_block(const float* q, 
   }
 }
 
-// axpy_rows for H heads: per block of 8 values, every head's accumulators, then each x row
-// loaded once and added into all of them (per head in axpy_rows's order).
+// axpy_rows_heads for H heads: per block of 8 values, every head's accumulators, then each x row
+// loaded once and added into all of them (per head in the same order whatever H is).
 template <int H>
 __attribute__((always_inline)) inline void axpy_rows_heads_block(const float* alpha,
                                                                  int64_t alpha_stride, int64_t rows,
@@ -176,30 +176,6 @@ LILY_CPU_CLONES void axpy_rows_heads(const float* alpha, int64_t alpha_stride, i
       default: axpy_rows_heads_block<8>(a, alpha_stride, rows, x, x_stride, yg, y_stride, n); break;
     }
     // clang-format on
-  }
-}
-
-LILY_CPU_CLONES void axpy_rows(const float* alpha, int64_t rows, const float* x, int64_t x_stride,
-                               float* y, int64_t n) {
-  constexpr int kLanes = 8;
-  int64_t i0 = 0;
-  for (; i0 + kLanes <= n; i0 += kLanes) {
-    float acc[kLanes];
-#pragma omp simd
-    for (int l = 0; l < kLanes; ++l) acc[l] = y[i0 + l];
-    for (int64_t r = 0; r < rows; ++r) {
-      const float a = alpha[r];
-      const float* xr = x + r * x_stride + i0;
-#pragma omp simd
-      for (int l = 0; l < kLanes; ++l) acc[l] += a * xr[l];
-    }
-#pragma omp simd
-    for (int l = 0; l < kLanes; ++l) y[i0 + l] = acc[l];
-  }
-  for (; i0 < n; ++i0) {
-    float acc = y[i0];
-    for (int64_t r = 0; r < rows; ++r) acc += alpha[r] * x[r * x_stride + i0];
-    y[i0] = acc;
   }
 }
 

@@ -67,12 +67,12 @@ TEST(CpuKernels, DotHeadsMatchesFloat64AndDoesNotDependOnTheHeadCount) {
   }
 }
 
-// axpy_rows over `rows` rows is bit for bit `rows` axpy calls in order over whole blocks of 8
+// axpy_rows_heads for one head over `rows` rows is bit for bit `rows` axpy calls in order over whole blocks of 8
 // values (the attention value sums were written that way first; head dims are multiples of 8),
 // and within the float64 bound everywhere; rows = 0 leaves y alone. The last n % 8 values are
 // not held to the axpy bits: there the compiler may contract a multiply-add differently in the
 // two loops (this test found the last bit differing at n = 7, 9, 17, 255).
-TEST(CpuKernels, AxpyRowsIsRowsAxpyCallsInOrder) {
+TEST(CpuKernels, AxpyRowsHeadsIsRowsAxpyCallsInOrder) {
   Rng rng(302);
   for (int64_t n : {1, 7, 8, 9, 17, 64, 255, 256}) {
     for (int64_t rows : {0, 1, 2, 7, 8, 33}) {
@@ -85,7 +85,7 @@ TEST(CpuKernels, AxpyRowsIsRowsAxpyCallsInOrder) {
       const std::vector<float> y0 = rng.uniform_vector(static_cast<size_t>(n), -1.0f, 1.0f);
       std::vector<float> y = y0, by_axpy = y0;
       y.push_back(1e30f);  // a guard after the n outputs
-      cpu::axpy_rows(alpha.data(), rows, x.data(), stride, y.data(), n);
+      cpu::axpy_rows_heads(alpha.data(), 0, 1, rows, x.data(), stride, y.data(), 0, n);
       for (int64_t r = 0; r < rows; ++r) {
         cpu::axpy(alpha[static_cast<size_t>(r)], x.data() + r * stride, by_axpy.data(), n);
       }
@@ -146,8 +146,8 @@ TEST(CpuKernels, PairedKeysAndGroupedHeadsGiveTheSingleCallsBits) {
         cpu::axpy_rows_heads(alpha.data(), alpha_stride, heads, rows, x.data(), x_stride,
                              grouped.data(), n, n);
         for (int64_t g = 0; g < heads; ++g) {
-          cpu::axpy_rows(alpha.data() + g * alpha_stride, rows, x.data(), x_stride,
-                         single.data() + g * n, n);
+          cpu::axpy_rows_heads(alpha.data() + g * alpha_stride, 0, 1, rows, x.data(), x_stride,
+                               single.data() + g * n, 0, n);
         }
         for (size_t i = 0; i < grouped.size(); ++i) {  // the last element is a guard
           ASSERT_TRUE(same_bits(grouped[i], single[i])) << label << " rows=" << rows << " at " << i;
