@@ -107,7 +107,7 @@ class VsLlamaCpp(unittest.TestCase):
 
     def test_two_rounds_alternate_and_give_the_ratios(self) -> None:
         r = self.run_script("--threads", "3", "--contexts", "16,32", "--rounds", "2",
-                            "--decode-steps", "5")
+                            "--decode-steps", "5", "--kv-cache", "bf16", "--cpu-precision", "q8")
         self.assertEqual(r.returncode, 0, r.stderr)
         calls = self.calls()
         # Per (round, context): lily once, llama-bench twice (prefill, decode).
@@ -119,8 +119,9 @@ class VsLlamaCpp(unittest.TestCase):
             argv = c["argv"]
             if c["engine"] == "lily":
                 opts = dict(zip(argv[1::2], argv[2::2]))
-                self.assertEqual((argv[0], opts["--threads"], opts["--device"], opts["--decode-steps"]),
-                                 ("bench", "3", "cpu", "5"))
+                self.assertEqual((argv[0], opts["--threads"], opts["--device"], opts["--decode-steps"],
+                                  opts["--kv-cache"], opts["--cpu-precision"]),
+                                 ("bench", "3", "cpu", "5", "bf16", "q8"))
             else:
                 opts = dict(zip(argv[0::2], argv[1::2]))
                 self.assertEqual((opts["-t"], opts["-o"], opts["-m"]), ("3", "json", str(self.gguf)))
@@ -137,6 +138,7 @@ class VsLlamaCpp(unittest.TestCase):
         table = (self.dir / "out" / "table.md").read_text()
         self.assertIn("| 16 | 62.50 | 250.00 | **0.25** | 3.00 | 2.00 | **1.50** | 15% / 10% |", table)
         self.assertIn("llama.cpp 82bb485", table)
+        self.assertIn("KV cache: lily bf16, llama.cpp f16", table)
         self.assertIn("lily abc123", table)
         # The llama decode runs at depth C with -p 0.
         decode_depths = sorted({dict(zip(c["argv"][0::2], c["argv"][1::2]))["-d"] for c in calls

@@ -100,6 +100,8 @@ def run_lily(args: argparse.Namespace, ctx: int, stem: Path) -> dict[str, Any]:
            "--threads", str(args.threads), "--json-out", str(report)]
     if args.cpu_precision is not None:
         cmd += ["--cpu-precision", args.cpu_precision]
+    if args.kv_cache is not None:
+        cmd += ["--kv-cache", args.kv_cache]
     run(cmd, stem, args.timeout)
     try:
         data = json.loads(report.read_text())
@@ -188,7 +190,8 @@ def table(rows: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         f"* Machine: {meta['cpu']}; {meta['started']} to {meta['finished']}",
         f"* lily {meta['lily_commit']}{' (dirty)' if meta['lily_dirty'] else ''}, "
         f"llama.cpp {meta['llama_commit']}; {meta['rounds']} rounds, engine order alternating",
-        f"* lily's CPU path: {meta['lily_code_path'] or 'unknown'}",
+        f"* lily's CPU path: {meta['lily_code_path'] or 'unknown'}; KV cache: lily "
+        f"{meta['lily_kv_cache']}, llama.cpp f16 (llama-bench's default)",
         f"* Command: `{meta['command']}`",
         "",
         "| context | lily prefill tok/s | llama.cpp prefill tok/s | ratio | lily decode tok/s "
@@ -219,6 +222,9 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--decode-steps", type=int, default=32, help="decode tokens per run (default 32)")
     p.add_argument("--cpu-precision", choices=("exact", "fast", "q8"), default=None,
                    help="lily's --cpu-precision (default: lily's default, exact)")
+    p.add_argument("--kv-cache", choices=("f32", "bf16", "int8"), default=None,
+                   help="lily's --kv-cache (default: lily's default, f32). llama-bench keeps its "
+                        "default f16 cache, so bf16 compares caches of the same bytes")
     p.add_argument("--timeout", type=float, default=0.0,
                    help="seconds one engine invocation may run (default 0: no limit)")
     p.add_argument("--no-preread", action="store_true",
@@ -277,6 +283,7 @@ def main(argv: list[str]) -> int:
         "lily_commit": runs[0]["lily"]["commit"], "lily_dirty": bool(runs[0]["lily"]["dirty"]),
         "llama_commit": runs[0]["llama"]["commit"],
         "lily_code_path": runs[0]["lily"].get("code_path", ""),
+        "lily_kv_cache": args.kv_cache or "f32 (lily's default)",
         "command": " ".join([Path(sys.argv[0]).name] + argv),
     }
     (args.out / "results.json").write_text(json.dumps({"meta": meta, "rows": rows, "runs": runs},

@@ -12,3 +12,7 @@ for deb in .deps/debs/*.deb; do dpkg -x "$deb" .deps/root; done
 rm -rf .deps/debs && mkdir -p .deps/debs
 (cd .deps/debs && apt-get download libboost1.81-dev)
 grep -qx '/.deps/' .git/info/exclude 2>/dev/null || echo '/.deps/' >> .git/info/exclude
+# llama.cpp's source and the GGUF writer (../shared/peers), for run.sh's vs-llamacpp stage.
+if [ -d ../shared/peers ]; then
+  mkdir -p .deps/peers && cp ../shared/peers/llama.cpp-*.tar.xz ../shared/peers/synth_qwen35moe_gguf.py .deps/peers/
+fi

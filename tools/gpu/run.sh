@@ -27,6 +27,12 @@
 #                        archs       compiles the CUDA backend for the default architecture list
 #                                    (sm_80/86/89/90a/120 + compute_80 PTX) in build-archs, in
 #                                    the background while the other stages run
+#                        vs-llamacpp  lily against llama.cpp on the host's CPU
+#                                    (tools/bench/vs_llamacpp.py): llama-bench built from the
+#                                    carried .deps/peers tarball, the synthetic GGUF written
+#                                    there; LILY_THREADS (16), LILY_VS_CONTEXTS (256,4096),
+#                                    LILY_VS_ROUNDS (1), LILY_VS_PRECISION (q8), LILY_VS_KV
+#                                    (lily's --kv-cache, default lily's)
 #                        bench-cpu-tiny  the CPU bench matrix of the tiny profile on one core
 #                                    (LILY_TINY_CONTEXTS, default 256,512,1024,2048; 256 steps)
 #                        profile     Nsight Compute kernel durations of a short full-checkpoint
@@ -380,6 +386,31 @@ if has_stage bench-cpu; then
     --device cpu --contexts "${LILY_CPU_CONTEXTS:-256,512,1024}" --threads "${LILY_THREADS:-16}" \
     "${matrix_flags[@]}" 2>&1 | tee "$out/matrix-cpu.log" || true
   tar -czf "$out/matrix-cpu.tgz" -C "$out" matrix-cpu && rm -rf "$out/matrix-cpu"
+fi
+if has_stage vs-llamacpp; then
+  ensure_full
+  peers=$PWD/.deps/peers
+  # Outside the checkout: inside it, llama.cpp's CMake finds lily's .git and reports its commit.
+  llama=/tmp/lily-peer/llama.cpp
+  if [ ! -x "$llama/build/bin/llama-bench" ]; then
+    rm -rf "$llama" && mkdir -p "$llama" && tar -xJf "$peers"/llama.cpp-*.tar.xz -C "$llama"
+    v_start=$(date +%s)
+    cmake -S "$llama" -B "$llama/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF \
+      -DLLAMA_CURL=OFF >"$out/llama-cmake.log" 2>&1 &&
+      cmake --build "$llama/build" --target llama-bench -j >>"$out/llama-cmake.log" 2>&1 ||
+      { tail -30 "$out/llama-cmake.log"; exit 1; }
+    echo "llama-bench: built in $(( $(date +%s) - v_start )) s"
+  fi
+  gguf=/tmp/lily-peer/synth.gguf
+  [ -f "$gguf" ] || python3 "$peers/synth_qwen35moe_gguf.py" "$gguf" --gguf-py "$llama/gguf-py" \
+    >"$out/gguf.log" 2>&1 || { tail -20 "$out/gguf.log"; exit 1; }
+  vs_out=$out/vs-llamacpp-$(date +%H%M%S)
+  python3 tools/bench/vs_llamacpp.py --lily "$lily" --model "$ckpt" \
+    --llama-bench "$llama/build/bin/llama-bench" --gguf "$gguf" --threads "${LILY_THREADS:-16}" \
+    --contexts "${LILY_VS_CONTEXTS:-256,4096}" --rounds "${LILY_VS_ROUNDS:-1}" --decode-steps 32 \
+    --cpu-precision "${LILY_VS_PRECISION:-q8}" ${LILY_VS_KV:+--kv-cache "$LILY_VS_KV"} \
+    --timeout 400 --out "$vs_out" 2>&1 | tee "$out/vs-llamacpp.log" || true
+  tar -czf "$vs_out.tgz" -C "$out" "$(basename "$vs_out")" && rm -rf "$vs_out"
 fi
 if has_stage bench-cpu-tiny; then
   python3 tools/bench/run_matrix.py --lily "$lily" --model "$tiny" --out "$out/matrix-cpu-tiny" \

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_common.cuh"
@@ -20,6 +21,15 @@ namespace {
 
 constexpr int64_t H = 2048, E = 256, I = 512, S = 512, K = 8;
 constexpr int kLayers = 8;  // 8 x ~420 MB: each graph replay streams weights from DRAM, not L2
+
+// Reads n floats (the L2 flush of the timeline states) and keeps the sum so it is not elided.
+__global__ void sum_f32(const float* p, int64_t n, float* sink) {
+  float acc = 0.0f;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    acc += p[i];
+  }
+  if (acc == 12345.0f) *sink = acc;
+}
 
 }  // namespace
 
@@ -105,17 +115,47 @@ int main() {
                 op_us / kLayers, fused_us / kLayers);
   }
 
-  // One launch with the timeline (after a warm launch of the same layer: weights in L2 then,
-  // so also one of a cold layer).
+  // One launch with the timeline in three states of the memory system, the same layer and the
+  // same inputs each time (residual and delta restored, so the routing picks the same experts):
+  //   cold       another layer's launch first: the weights come from DRAM, and their pages may
+  //              be missing from the TLBs;
+  //   l2-flushed the same layer just ran, then a 256 MB read evicted L2: DRAM again, but the
+  //              pages were translated a moment ago;
+  //   l2-warm    the same layer just ran: its 16.5 MB are in L2.
+  // If cold and l2-flushed differ, address translation costs; if l2-flushed and l2-warm
+  // differ little, the phases wait on their own chains, not on DRAM.
   auto* timeline = dev<unsigned long long>(int64_t(grid) * kMoeLayerStamps);
   const char* names[kMoeLayerStamps] = {"wait", "norm", "router", "barrier1", "route",
                                         "swiglu", "barrier2", "stage", "down"};
-  for (int l : {0, 0}) {
-    MoeLayerParams p = layers[size_t(l)];
-    p.timeline = timeline;
-    moe_layer(layers[7], grid, s);  // another layer's weights first
-    moe_layer(p, grid, s);
+  float* saved_residual = dev<float>(H);
+  float* saved_delta = dev<float>(H);
+  LILY_CUDA_CHECK(cudaMemcpy(saved_residual, residual, H * sizeof(float), cudaMemcpyDeviceToDevice));
+  LILY_CUDA_CHECK(cudaMemcpy(saved_delta, delta, H * sizeof(float), cudaMemcpyDeviceToDevice));
+  const int64_t flush_floats = int64_t(64) << 20;  // 256 MB, five times L2
+  float* flush = dev<float>(flush_floats);
+  float* sink = dev<float>(1);
+  fill_f32<<<1024, 256>>>(flush, flush_floats, 0.0f, 1e-9f);
+  const auto restore = [&] {
+    LILY_CUDA_CHECK(cudaMemcpyAsync(residual, saved_residual, H * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, raw));
+    LILY_CUDA_CHECK(cudaMemcpyAsync(delta, saved_delta, H * sizeof(float),
+                                    cudaMemcpyDeviceToDevice, raw));
+  };
+  MoeLayerParams traced = layers[0];
+  traced.timeline = timeline;
+  for (const char* state : {"cold", "l2-flushed", "l2-warm", "cold", "l2-flushed", "l2-warm"}) {
+    const std::string st = state;
+    if (st == "cold") {
+      moe_layer(layers[7], grid, s);
+    } else {
+      restore();
+      moe_layer(layers[0], grid, s);
+      if (st == "l2-flushed") sum_f32<<<1024, 256, 0, raw>>>(flush, flush_floats, sink);
+    }
+    restore();
+    moe_layer(traced, grid, s);
     LILY_CUDA_CHECK(cudaStreamSynchronize(s));
+    std::printf("%s: ", state);
     print_timeline(timeline, grid, kMoeLayerStamps, names);
   }
   return 0;
