@@ -396,7 +396,8 @@ if has_stage vs-llamacpp; then
     rm -rf "$llama" && mkdir -p "$llama" && tar -xJf "$peers"/llama.cpp-*.tar.xz -C "$llama"
     v_start=$(date +%s)
     cmake -S "$llama" -B "$llama/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DGGML_CUDA=OFF \
-      -DLLAMA_CURL=OFF >"$out/llama-cmake.log" 2>&1 &&
+      -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF \
+      -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_CURL=OFF >"$out/llama-cmake.log" 2>&1 &&
       cmake --build "$llama/build" --target llama-bench -j >>"$out/llama-cmake.log" 2>&1 ||
       { tail -30 "$out/llama-cmake.log"; exit 1; }
     echo "llama-bench: built in $(( $(date +%s) - v_start )) s"
