@@ -57,6 +57,14 @@ int64_t resolve_position(SeqPos pos, const char* op) {
 // Keys (values) per tile of the attention loops, and the most query heads one item serves.
 constexpr int64_t kTile = 8;
 constexpr int64_t kMaxGroup = 16;
+// Tokens per item of the prefill, and keys (values) per block that the item's tokens share:
+// a block (64 KB of f32 at head_dim 256) comes from memory once and from L2 for the other
+// tokens, and a bf16 or int8 block is widened once for all of them. attention_bench, the
+// prefill chunk of 256 at 4,096 on 2 Zen 4 threads, best of 7, runs alternating: one token an
+// item f32 242-357 ms, bf16 250-360, int8 246-250; 8 tokens 225-275, 213-223, 210-226 (4
+// tokens: 239-265, 232-270, 219-245). The dot loop's stalls were on its key loads.
+constexpr int64_t kItemTokens = 8;
+constexpr int64_t kBlock = 64;
 
 // dst[i] = the bf16 nearest src[i] (ties to even: core/bf16.h, the bits CUDA stores).
 LILY_CPU_CLONES void round_rows_to_bf16(const float* src, int64_t count, uint16_t* dst) {
@@ -153,27 +161,36 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, KvCa
   }
   const int64_t group = dims.q_heads / dims.kv_heads;
   const float scale = 1.0f / std::sqrt(static_cast<float>(D));
-  // One item is `heads` query heads of one kv head (a divisor of the group, as large as
-  // leaves an item per thread): they read each tile of kTile keys or values once, while it is
-  // in L1 (a bf16 or int8 tile widened once into f32 for all of them), instead of once per head.
+  // One item is `heads` query heads of one kv head (a divisor of the group) for up to
+  // kItemTokens consecutive tokens: they read each block of kBlock keys or values from memory
+  // once (a bf16 or int8 block widened once into f32 for all of them) and from L2 for the
+  // others, instead of once per (token, head). `heads` is as large as leaves an item per thread.
+  const int64_t item_tokens = std::min(kItemTokens, n);
+  const int64_t token_groups = (n + item_tokens - 1) / item_tokens;
   int64_t heads = std::min(group, kMaxGroup);
   while (group % heads != 0) --heads;
-  while (heads > 1 && n * dims.q_heads / heads < threads()) {
+  while (heads > 1 && token_groups * dims.q_heads / heads < threads()) {
     --heads;
     while (group % heads != 0) --heads;
   }
-  const int64_t chunks = group / heads;  // items per (token, kv head)
+  const int64_t chunks = group / heads;  // items per (token group, kv head)
   const int64_t per_slot = dims.kv_heads * chunks;
   // The pool hands each thread one contiguous range of items, and a causal token's work grows
-  // with its position: items walk the tokens from both ends (0, n-1, 1, n-2, ...) so every
-  // range holds as many long rows as short ones. Each (token, head) is computed alone, in the
-  // same order whatever the grouping, so neither the order nor `heads` changes a bit.
-  pool_.parallel_for(n * per_slot, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> scores;  // [heads, start_pos + n]
-    thread_local std::vector<float> tile;    // bf16, int8: one tile widened, [kTile, head_dim]
+  // with its position: items walk the token groups from both ends (0, last, 1, last - 1, ...)
+  // so every range holds as many long rows as short ones. Each (token, head) is computed alone:
+  // the same calls on the same keys in the same order (tiles of kTile from key 0, in pairs)
+  // whatever the grouping of tokens or heads, so neither changes a bit.
+  pool_.parallel_for(token_groups * per_slot, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scores;  // [item_tokens, heads, start_pos + n]
+    thread_local std::vector<float> block;   // bf16, int8: one block widened, [kBlock, head_dim]
     const auto stride = static_cast<size_t>(start_pos + n);
-    if (scores.size() < static_cast<size_t>(heads) * stride) scores.resize(static_cast<size_t>(heads) * stride);
-    if (dtype != KvDtype::f32 && tile.size() < static_cast<size_t>(kTile * D)) tile.resize(static_cast<size_t>(kTile * D));
+    const auto token_stride = static_cast<size_t>(heads) * stride;
+    if (scores.size() < static_cast<size_t>(item_tokens) * token_stride) {
+      scores.resize(static_cast<size_t>(item_tokens) * token_stride);
+    }
+    if (dtype != KvDtype::f32 && block.size() < static_cast<size_t>(kBlock * D)) {
+      block.resize(static_cast<size_t>(kBlock * D));
+    }
     // Rows j0..j0+count-1 of kv head kvh of a cache, as f32: row i at the result + i * *step.
     const auto rows = [&](const KvCacheView& cache, int64_t kvh, int64_t j0, int64_t count,
                           int64_t* step) -> const float* {
@@ -185,74 +202,99 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, KvCa
       if (dtype == KvDtype::int8) {
         widen_rows_from_int8(cache.int8_codes() + j0 * row + kvh * D,
                              cache.int8_scales() + j0 * dims.kv_heads + kvh, count, D, row,
-                             dims.kv_heads, tile.data());
+                             dims.kv_heads, block.data());
       } else {
-        widen_rows_from_bf16(cache.bf16_bits() + j0 * row + kvh * D, count, D, row, tile.data());
+        widen_rows_from_bf16(cache.bf16_bits() + j0 * row + kvh * D, count, D, row, block.data());
       }
-      return tile.data();
+      return block.data();
     };
     for (int64_t item = begin; item < end; ++item) {
       const int64_t slot = item / per_slot;
-      const int64_t t = slot % 2 == 0 ? slot / 2 : n - 1 - slot / 2;
+      const int64_t tg = slot % 2 == 0 ? slot / 2 : token_groups - 1 - slot / 2;
+      const int64_t t_begin = tg * item_tokens;
+      const int64_t t_end = std::min(n, t_begin + item_tokens);
       const int64_t kvh = item % per_slot / chunks;
       const int64_t h0 = kvh * group + item % chunks * heads;  // query heads h0..h0+heads-1
-      const int64_t last = start_pos + t;  // causal: keys 0..last
-      float max[kMaxGroup];
-      float total[kMaxGroup];
-      for (int64_t g = 0; g < heads; ++g) max[g] = -INFINITY;
-      for (int64_t j0 = 0; j0 <= last; j0 += kTile) {
-        const int64_t count = std::min(kTile, last + 1 - j0);
+      const int64_t group_last = start_pos + t_end - 1;        // the item's last key
+      float max[kItemTokens][kMaxGroup];
+      float total[kItemTokens][kMaxGroup];
+      for (int64_t t = t_begin; t < t_end; ++t) {
+        for (int64_t g = 0; g < heads; ++g) max[t - t_begin][g] = -INFINITY;
+      }
+      for (int64_t b0 = 0; b0 <= group_last; b0 += kBlock) {
+        const int64_t block_count = std::min(kBlock, group_last + 1 - b0);
         int64_t step = 0;
-        const float* keys = rows(k_view, kvh, j0, count, &step);
-        const float* q = qg + (t * dims.q_heads + h0) * 2 * D;  // head g at q + g * 2D
-        const auto record = [&](int64_t j, const float* dots) {
-          for (int64_t g = 0; g < heads; ++g) {
-            float* s = scores.data() + static_cast<size_t>(g) * stride;
-            s[j] = dots[g] * scale;
-            max[g] = std::max(max[g], s[j]);
+        const float* keys = rows(k_view, kvh, b0, block_count, &step);
+        for (int64_t t = t_begin; t < t_end; ++t) {
+          const int64_t last = start_pos + t;  // causal: keys 0..last
+          float* token_scores = scores.data() + static_cast<size_t>(t - t_begin) * token_stride;
+          float* token_max = max[t - t_begin];
+          const float* q = qg + (t * dims.q_heads + h0) * 2 * D;  // head g at q + g * 2D
+          const auto record = [&](int64_t j, const float* dots) {
+            for (int64_t g = 0; g < heads; ++g) {
+              float* s = token_scores + static_cast<size_t>(g) * stride;
+              s[j] = dots[g] * scale;
+              token_max[g] = std::max(token_max[g], s[j]);
+            }
+          };
+          for (int64_t j0 = b0; j0 < b0 + block_count && j0 <= last; j0 += kTile) {
+            const int64_t count = std::min(kTile, last + 1 - j0);
+            int64_t j = j0;
+            for (; j + 1 < j0 + count; j += 2) {  // keys in pairs: each query chunk loaded once for two
+              float dots0[kMaxGroup], dots1[kMaxGroup];
+              cpu::dot_heads_pair(q, 2 * D, heads, keys + (j - b0) * step, keys + (j + 1 - b0) * step,
+                                  D, dots0, dots1);
+              record(j, dots0);
+              record(j + 1, dots1);
+            }
+            if (j < j0 + count) {
+              float dots[kMaxGroup];
+              cpu::dot_heads(q, 2 * D, heads, keys + (j - b0) * step, D, dots);
+              record(j, dots);
+            }
           }
-        };
-        int64_t j = j0;
-        for (; j + 1 < j0 + count; j += 2) {  // keys in pairs: each query chunk loaded once for two
-          float dots0[kMaxGroup], dots1[kMaxGroup];
-          cpu::dot_heads_pair(q, 2 * D, heads, keys + (j - j0) * step, keys + (j + 1 - j0) * step,
-                              D, dots0, dots1);
-          record(j, dots0);
-          record(j + 1, dots1);
-        }
-        if (j < j0 + count) {
-          float dots[kMaxGroup];
-          cpu::dot_heads(q, 2 * D, heads, keys + (j - j0) * step, D, dots);
-          record(j, dots);
         }
       }
-      for (int64_t g = 0; g < heads; ++g) {
-        float* s = scores.data() + static_cast<size_t>(g) * stride;
-        total[g] = 0.0f;
-        for (int64_t j = 0; j <= last; ++j) {
-          s[j] = std::exp(s[j] - max[g]);
-          total[g] += s[j];
-        }
-        float* o = out + (t * dims.q_heads + h0 + g) * D;
-        std::fill(o, o + D, 0.0f);
-      }
-      for (int64_t j0 = 0; j0 <= last; j0 += kTile) {
-        const int64_t count = std::min(kTile, last + 1 - j0);
-        int64_t step = 0;
-        const float* values = rows(v_view, kvh, j0, count, &step);
-        float weights[kMaxGroup][kTile];  // head g's softmax weights of this tile's values
+      for (int64_t t = t_begin; t < t_end; ++t) {
+        const int64_t last = start_pos + t;
         for (int64_t g = 0; g < heads; ++g) {
-          const float* s = scores.data() + static_cast<size_t>(g) * stride;
-          for (int64_t j = j0; j < j0 + count; ++j) weights[g][j - j0] = s[j] / total[g];
+          float* s = scores.data() + static_cast<size_t>(t - t_begin) * token_stride + static_cast<size_t>(g) * stride;
+          float& sum = total[t - t_begin][g];
+          sum = 0.0f;
+          for (int64_t j = 0; j <= last; ++j) {
+            s[j] = std::exp(s[j] - max[t - t_begin][g]);
+            sum += s[j];
+          }
+          float* o = out + (t * dims.q_heads + h0 + g) * D;
+          std::fill(o, o + D, 0.0f);
         }
-        // Every head of the group over the tile at once: each value row loaded once for all.
-        cpu::axpy_rows_heads(&weights[0][0], kTile, heads, count, values, step,
-                             out + (t * dims.q_heads + h0) * D, D, D);
       }
-      for (int64_t g = 0; g < heads; ++g) {
-        const float* gate = qg + (t * dims.q_heads + h0 + g) * 2 * D + D;
-        float* o = out + (t * dims.q_heads + h0 + g) * D;
-        for (int64_t i = 0; i < D; ++i) o[i] *= cpu::sigmoid(gate[i]);
+      for (int64_t b0 = 0; b0 <= group_last; b0 += kBlock) {
+        const int64_t block_count = std::min(kBlock, group_last + 1 - b0);
+        int64_t step = 0;
+        const float* values = rows(v_view, kvh, b0, block_count, &step);
+        for (int64_t t = t_begin; t < t_end; ++t) {
+          const int64_t last = start_pos + t;
+          const float* token_scores = scores.data() + static_cast<size_t>(t - t_begin) * token_stride;
+          for (int64_t j0 = b0; j0 < b0 + block_count && j0 <= last; j0 += kTile) {
+            const int64_t count = std::min(kTile, last + 1 - j0);
+            float weights[kMaxGroup][kTile];  // head g's softmax weights of this tile's values
+            for (int64_t g = 0; g < heads; ++g) {
+              const float* s = token_scores + static_cast<size_t>(g) * stride;
+              for (int64_t j = j0; j < j0 + count; ++j) weights[g][j - j0] = s[j] / total[t - t_begin][g];
+            }
+            // Every head of the group over the tile at once: each value row loaded once for all.
+            cpu::axpy_rows_heads(&weights[0][0], kTile, heads, count, values + (j0 - b0) * step, step,
+                                 out + (t * dims.q_heads + h0) * D, D, D);
+          }
+        }
+      }
+      for (int64_t t = t_begin; t < t_end; ++t) {
+        for (int64_t g = 0; g < heads; ++g) {
+          const float* gate = qg + (t * dims.q_heads + h0 + g) * 2 * D + D;
+          float* o = out + (t * dims.q_heads + h0 + g) * D;
+          for (int64_t i = 0; i < D; ++i) o[i] *= cpu::sigmoid(gate[i]);
+        }
       }
     }
   });

@@ -2,8 +2,10 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "backend_test_support.h"
@@ -199,6 +201,53 @@ TEST(BackendAttention, NegativeInfinityScoreGetsZeroWeight) {
   for (size_t h = 0; h < static_cast<size_t>(d.q_heads); ++h) qg[h * 2 * D] = 0.25f;
   r.run(qg, rng.uniform_vector(row, -1.0f, 1.0f), rng.uniform_vector(row, -1.0f, 1.0f), 3, 1,
         "decode after a -inf key (start_pos=3)");
+}
+
+// A prefill chunk gives each token the bits of that token's own decode step, whatever the
+// cache dtype and thread count: the prefill's items take up to 8 tokens and share 64-key blocks
+// among them (attention.cpp), which must not change a token's sums. 75 then 21 tokens cross
+// block boundaries (64, 128 keys) and leave a short last group; a near one-hot softmax (scale
+// 30) is included.
+TEST(BackendAttention, PrefillEqualsOneTokenStepsBitForBit) {
+  for (const AttentionDims& d : {small_dims(), model_dims()}) {
+    for (KvDtype dtype : {KvDtype::f32, KvDtype::bf16, KvDtype::int8}) {
+      for (int threads : {1, 3}) {
+        Rng rng(57);
+        auto be = cpu(threads);
+        constexpr int64_t kCapacity = 96;
+        const auto row = static_cast<size_t>(d.kv_heads * d.head_dim);
+        const auto q_row = static_cast<size_t>(d.q_heads * 2 * d.head_dim);
+        const auto out_row = static_cast<size_t>(d.q_heads * d.head_dim);
+        const auto elements = static_cast<size_t>(kCapacity) * row;
+        std::vector<float> qg = rng.uniform_vector(static_cast<size_t>(kCapacity) * q_row, -1.0f, 1.0f);
+        const std::vector<float> k = rng.uniform_vector(static_cast<size_t>(kCapacity) * row, -1.0f, 1.0f);
+        const std::vector<float> v = rng.uniform_vector(k.size(), -2.0f, 2.0f);
+        for (size_t i = 80 * q_row; i < 90 * q_row; ++i) qg[i] *= 30.0f;
+        const KvCacheView pk = be->alloc_kv_cache(elements, dtype, d.head_dim);
+        const KvCacheView pv = be->alloc_kv_cache(elements, dtype, d.head_dim);
+        const KvCacheView sk = be->alloc_kv_cache(elements, dtype, d.head_dim);
+        const KvCacheView sv = be->alloc_kv_cache(elements, dtype, d.head_dim);
+        std::vector<float> chunked(static_cast<size_t>(kCapacity) * out_row, 1e30f);
+        std::vector<float> stepped(chunked.size(), -1e30f);
+        for (const auto& [start, n] : {std::pair<int64_t, int64_t>{0, 75}, {75, 21}}) {
+          const auto s = static_cast<size_t>(start);
+          be->attention(qg.data() + s * q_row, k.data() + s * row, v.data() + s * row, pk, pv,
+                        kCapacity, d, start, n, chunked.data() + s * out_row);
+        }
+        for (int64_t t = 0; t < kCapacity; ++t) {
+          const auto s = static_cast<size_t>(t);
+          be->attention(qg.data() + s * q_row, k.data() + s * row, v.data() + s * row, sk, sv,
+                        kCapacity, d, t, 1, stepped.data() + s * out_row);
+        }
+        const std::string label = dims_label(d) + " " + kv_dtype_name(dtype) + " threads=" + std::to_string(threads);
+        for (size_t i = 0; i < chunked.size(); ++i) {
+          ASSERT_EQ(std::memcmp(&chunked[i], &stepped[i], sizeof(float)), 0)
+              << label << ": token " << i / out_row << " element " << i % out_row << ": "
+              << chunked[i] << " against one step's " << stepped[i];
+        }
+      }
+    }
+  }
 }
 
 }  // namespace
