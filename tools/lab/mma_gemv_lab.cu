@@ -33,7 +33,6 @@ using namespace lily::cuda::lab;
 namespace {
 
 constexpr int kPlanes = 3;
-constexpr int kWarps = 8;
 
 // Plane bytes in B-fragment order: [group][h][plane][c][2 words], byte i of word j holding the
 // activation at group offset 16c + 8h + 2i + j (j = 0: the even nibbles of a code word, j = 1:
@@ -150,13 +149,12 @@ template <int KSPLIT, int TILES, int U, bool IN_BLOCK>
 __global__ void __launch_bounds__(KSPLIT * TILES * 32) mma_gemv_kernel(
     QuantMatrix w, int64_t rows, const float* x, const int8_t* planes, const float* gexp,
     const float* xsum, float* y) {
-  constexpr int kW = KSPLIT * TILES;
   extern __shared__ uint32_t smem[];
   const int64_t G = w.in / 64;
   uint32_t* frag = smem;                                                   // [G][2][3][4][2] words
   float* sexp = reinterpret_cast<float*>(frag + G * 2 * kPlanes * 4 * 2);  // [G]
   float* ssum = sexp + G;                                                  // [G]
-  float* partial = ssum + G;                                               // [kW][16]
+  float* partial = ssum + G;  // [KSPLIT * TILES warps][16]
   const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int g = lane >> 2, c = lane & 3;
   const int64_t tile = blockIdx.x * int64_t(TILES) + warp / KSPLIT;
