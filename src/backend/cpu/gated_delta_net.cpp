@@ -39,6 +39,43 @@ void conv1d_silu_one_token(const float* mixed, float* window, Tap tap, int64_t C
   }
 }
 
+// Channels per item of the prefill's conv (conv1d_silu, n > 1).
+constexpr int64_t kConvBlock = 64;
+
+// The prefill's conv over one block of `width` <= kConvBlock channels for n tokens: x, out at
+// the block's first channel of token 0, rows `stride` apart; taps f32 [K, kConvBlock]; history
+// f32 [K-1, kConvBlock], the block's last K-1 inputs oldest first, updated. Cloned per target;
+// with -ffp-contract=off every target gives the same bits (see conv1d_silu).
+LILY_CPU_CLONES void conv_block_tokens(const float* x, int64_t stride, const float* taps,
+                                       float* history, int64_t K, int64_t width, int64_t n,
+                                       float* out) {
+  float acc[kConvBlock];
+  float input[kConvBlock];
+  for (int64_t t = 0; t < n; ++t) {
+    const float* row = x + t * stride;
+    for (int64_t c = 0; c < width; ++c) {
+      input[c] = row[c];
+      acc[c] = 0.0f;
+    }
+    for (int64_t j = 0; j < K - 1; ++j) {
+      const float* tap = taps + j * kConvBlock;
+      const float* h = history + j * kConvBlock;
+#pragma omp simd
+      for (int64_t c = 0; c < width; ++c) acc[c] += tap[c] * h[c];
+    }
+    const float* last = taps + (K - 1) * kConvBlock;
+#pragma omp simd
+    for (int64_t c = 0; c < width; ++c) acc[c] += last[c] * input[c];
+    float* o = out + t * stride;
+    for (int64_t c = 0; c < width; ++c) o[c] = cpu::silu(acc[c]);
+    // The history moves up one row, the input becomes its newest.
+    for (int64_t j = 0; j + 1 < K - 1; ++j) {
+      std::copy(history + (j + 1) * kConvBlock, history + (j + 1) * kConvBlock + width, history + j * kConvBlock);
+    }
+    if (K > 1) std::copy(input, input + width, history + (K - 2) * kConvBlock);
+  }
+}
+
 // The delta rule's work on the value columns [j0, j0 + cols) of one head (see
 // delta_rule_token): Cols of them, a constant so that m and the output sums live in registers,
 // or with Cols = 0 a tail of fewer than kMaxCols.
@@ -114,21 +151,32 @@ void CpuBackend::conv1d_silu(const float* mixed, float* window, const DenseView&
     });
     return;
   }
-  pool_.parallel_for(C, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> taps, history;
-    taps.resize(static_cast<size_t>(K));
-    history.resize(static_cast<size_t>(K - 1 + n));
-    for (int64_t c = begin; c < end; ++c) {
-      for (int64_t j = 0; j < K; ++j) taps[static_cast<size_t>(j)] = cpu::dense_value(weight, c * K + j);
-      // history = the cached K-1 inputs, then this chunk's inputs, for channel c.
-      for (int64_t j = 0; j < K - 1; ++j) history[static_cast<size_t>(j)] = window[j * C + c];
-      for (int64_t t = 0; t < n; ++t) history[static_cast<size_t>(K - 1 + t)] = mixed[t * C + c];
-      for (int64_t t = 0; t < n; ++t) {
-        float acc = 0.0f;
-        for (int64_t j = 0; j < K; ++j) acc += taps[static_cast<size_t>(j)] * history[static_cast<size_t>(t + j)];
-        out[t * C + c] = cpu::silu(acc);
+  // Prefill: items of kConvBlock channels. Per token, the block's taps run over rows of
+  // contiguous channels (one vector instruction per 8 or 16 channels) where a channel at a time
+  // gathered every token's input a row (32 KB) apart. Each channel's sum is the one-token
+  // path's: acc from 0, taps 0..K-2 over the history rows oldest first, then tap K-1 times the
+  // input, as multiplies then adds (this file is built with -ffp-contract=off), so a prefill
+  // gives each token the bits of its decode step. An input row is copied into the block's
+  // history before the token's output row is written, so out may even be mixed.
+  pool_.parallel_for((C + kConvBlock - 1) / kConvBlock, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> taps, history;  // f32 [K, kConvBlock] each (history: K-1 rows used)
+    taps.resize(static_cast<size_t>(K * kConvBlock));
+    history.resize(static_cast<size_t>(K * kConvBlock));
+    for (int64_t block = begin; block < end; ++block) {
+      const int64_t c0 = block * kConvBlock;
+      const int64_t width = std::min(kConvBlock, C - c0);
+      for (int64_t j = 0; j < K; ++j) {
+        for (int64_t c = 0; c < width; ++c) {
+          taps[static_cast<size_t>(j * kConvBlock + c)] = cpu::dense_value(weight, (c0 + c) * K + j);
+        }
       }
-      for (int64_t j = 0; j < K - 1; ++j) window[j * C + c] = history[static_cast<size_t>(n + j)];
+      for (int64_t j = 0; j < K - 1; ++j) {
+        std::copy(window + j * C + c0, window + j * C + c0 + width, history.data() + j * kConvBlock);
+      }
+      conv_block_tokens(mixed + c0, C, taps.data(), history.data(), K, width, n, out + c0);
+      for (int64_t j = 0; j < K - 1; ++j) {
+        std::copy(history.data() + j * kConvBlock, history.data() + j * kConvBlock + width, window + j * C + c0);
+      }
     }
   });
 }

@@ -98,25 +98,30 @@ TEST(BackendConv1dSilu, SplitCallsEqualOneCall) {
 
 // Decode runs the conv one token at a time (its own loop: no history buffer, the window
 // shifted in place): nine one-token calls give one nine-token call's bits, window included.
+// The prefill takes the channels in blocks of 64 (gated_delta_net.cpp): 192 channels (three
+// whole blocks), 152 (a 24-channel tail), and 66 with kernel 5 (a 2-channel tail, a longer
+// history).
 TEST(BackendConv1dSilu, OneTokenCallsEqualOneCall) {
-  Rng rng(63);
-  auto be = cpu(2);
-  const GatedDeltaNetDims d = dims();
-  const auto C = static_cast<long>(d.channels());
-  const std::vector<float> mixed = rng.uniform_vector(static_cast<size_t>(9 * C), -2.0f, 2.0f);
-  Rng twin_a(8);
-  Rng twin_b(8);
-  ConvRunner whole(twin_a, d, *be);
-  ConvRunner steps(twin_b, d, *be);  // same weights and window
-  const std::vector<float> one = whole.step(mixed, 9, "one call n=9");
-  std::vector<float> tokens;
-  for (long t = 0; t < 9; ++t) {
-    const std::vector<float> o =
-        steps.step({mixed.begin() + t * C, mixed.begin() + (t + 1) * C}, 1, "token " + std::to_string(t));
-    tokens.insert(tokens.end(), o.begin(), o.end());
+  for (const GatedDeltaNetDims& d : {dims(), GatedDeltaNetDims{2, 4, 24, 14, 4}, GatedDeltaNetDims{1, 2, 20, 13, 5}}) {
+    Rng rng(63);
+    auto be = cpu(2);
+    const auto C = static_cast<long>(d.channels());
+    const std::string label = "C=" + std::to_string(C) + " K=" + std::to_string(d.conv_kernel);
+    const std::vector<float> mixed = rng.uniform_vector(static_cast<size_t>(9 * C), -2.0f, 2.0f);
+    Rng twin_a(8);
+    Rng twin_b(8);
+    ConvRunner whole(twin_a, d, *be);
+    ConvRunner steps(twin_b, d, *be);  // same weights and window
+    const std::vector<float> one = whole.step(mixed, 9, label + " one call n=9");
+    std::vector<float> tokens;
+    for (long t = 0; t < 9; ++t) {
+      const std::vector<float> o = steps.step({mixed.begin() + t * C, mixed.begin() + (t + 1) * C}, 1,
+                                              label + " token " + std::to_string(t));
+      tokens.insert(tokens.end(), o.begin(), o.end());
+    }
+    EXPECT_EQ(tokens, one) << label;
+    EXPECT_EQ(steps.window(), whole.window()) << label;
   }
-  EXPECT_EQ(tokens, one);
-  EXPECT_EQ(steps.window(), whole.window());
 }
 
 struct DeltaInputs {
