@@ -34,13 +34,13 @@ namespace {
 
 constexpr int kPlanes = 3;
 
-// Plane bytes in B-fragment order: [group][h][plane][c][2 words], byte i of word j holding the
-// activation at group offset 16c + 8h + 2i + j (j = 0: the even nibbles of a code word, j = 1:
-// the odd ones; see mma_gemv_kernel). gexp[group] = 2^e, xsum[group] = sum of the group's x.
-__global__ void planes_kernel(const float* x, int64_t in, int8_t* planes, float* gexp, float* xsum) {
-  const int64_t group = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+// One warp writes group `group` of x as plane bytes in B-fragment order: [group][h][plane][c]
+// [2 words], byte i of word j holding the activation at group offset 16c + 8h + 2i + j (j = 0:
+// the even nibbles of a code word, j = 1: the odd ones; see mma_gemv_kernel), with
+// gexp[group] = 2^e and xsum[group] = the sum of the group's x.
+__device__ __forceinline__ void write_group_planes(const float* x, int64_t group, int8_t* planes,
+                                                   float* gexp, float* xsum) {
   const int lane = threadIdx.x & 31;
-  if (group >= in / 64) return;
   const float v[2] = {x[group * 64 + lane], x[group * 64 + lane + 32]};
   float m = fmaxf(fabsf(v[0]), fabsf(v[1]));
   float s = v[0] + v[1];
@@ -49,6 +49,7 @@ __global__ void planes_kernel(const float* x, int64_t in, int8_t* planes, float*
     s += __shfl_xor_sync(0xffffffffu, s, o);
   }
   const int e = m > 0.0f ? ilogbf(m) - 21 : 0;
+#pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int o = lane + 32 * r;  // offset in the group: 16c + 8h + 2i + j
     const int X = __float2int_rn(ldexpf(v[r], -e));
@@ -58,6 +59,7 @@ __global__ void planes_kernel(const float* x, int64_t in, int8_t* planes, float*
     const int p0 = (X1 - p1) >> 8;
     const int c = o / 16, h = (o / 8) & 1, i = (o / 2) & 3, j = o & 1;
     const int p[kPlanes] = {p0, p1, p2};
+#pragma unroll
     for (int pl = 0; pl < kPlanes; ++pl) {
       planes[((((group * 2 + h) * kPlanes + pl) * 4 + c) * 2 + j) * 4 + i] = static_cast<int8_t>(p[pl]);
     }
@@ -66,6 +68,12 @@ __global__ void planes_kernel(const float* x, int64_t in, int8_t* planes, float*
     gexp[group] = ldexpf(1.0f, e);
     xsum[group] = s;
   }
+}
+
+// The planes of x [in] into global memory: one warp per group.
+__global__ void planes_kernel(const float* x, int64_t in, int8_t* planes, float* gexp, float* xsum) {
+  const int64_t group = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
+  if (group < in / 64) write_group_planes(x, group, planes, gexp, xsum);
 }
 
 __device__ __forceinline__ uint2 load_codes(const uint32_t* p) {
@@ -102,40 +110,13 @@ __device__ __forceinline__ void load_bf16s(const __nv_bfloat16* p, float (&v)[U]
   }
 }
 
-// The activation planes of groups [0, G) of x into shared memory (the B-fragment order of
-// planes_kernel), with 2^e and the group sums: one warp per group.
+// The activation planes of groups [0, G) of x into shared memory, with 2^e and the group
+// sums: the block's warps take the groups in turn.
 __device__ __forceinline__ void stage_planes(const float* x, int64_t G, int8_t* frag, float* sexp,
                                              float* ssum) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x & 31;
   const int warps = blockDim.x / 32;
-  for (int64_t group = warp; group < G; group += warps) {
-    const float v[2] = {x[group * 64 + lane], x[group * 64 + lane + 32]};
-    float m = fmaxf(fabsf(v[0]), fabsf(v[1]));
-    float s = v[0] + v[1];
-    for (int o = 16; o > 0; o >>= 1) {
-      m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, o));
-      s += __shfl_xor_sync(0xffffffffu, s, o);
-    }
-    const int e = m > 0.0f ? ilogbf(m) - 21 : 0;
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int o = lane + 32 * r;
-      const int X = __float2int_rn(ldexpf(v[r], -e));
-      const int p2 = (X << 24) >> 24;
-      const int X1 = (X - p2) >> 8;
-      const int p1 = (X1 << 24) >> 24;
-      const int p0 = (X1 - p1) >> 8;
-      const int c = o / 16, h = (o / 8) & 1, i = (o / 2) & 3, j = o & 1;
-      const int p[kPlanes] = {p0, p1, p2};
-#pragma unroll
-      for (int pl = 0; pl < kPlanes; ++pl) {
-        frag[((((group * 2 + h) * kPlanes + pl) * 4 + c) * 2 + j) * 4 + i] = static_cast<int8_t>(p[pl]);
-      }
-    }
-    if (lane == 0) {
-      sexp[group] = ldexpf(1.0f, e);
-      ssum[group] = s;
-    }
+  for (int64_t group = threadIdx.x / 32; group < G; group += warps) {
+    write_group_planes(x, group, frag, sexp, ssum);
   }
 }
 
