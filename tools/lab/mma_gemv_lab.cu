@@ -61,7 +61,8 @@ __device__ __forceinline__ void write_group_planes(const float* x, int64_t group
     const int p[kPlanes] = {p0, p1, p2};
 #pragma unroll
     for (int pl = 0; pl < kPlanes; ++pl) {
-      planes[((((group * 2 + h) * kPlanes + pl) * 4 + c) * 2 + j) * 4 + i] = static_cast<int8_t>(p[pl]);
+      planes[((((group * 2 + h) * kPlanes + pl) * 4 + c) * 2 + j) * 4 + i] =
+          static_cast<int8_t>(p[pl]);
     }
   }
   if (lane == 0) {
@@ -71,19 +72,22 @@ __device__ __forceinline__ void write_group_planes(const float* x, int64_t group
 }
 
 // The planes of x [in] into global memory: one warp per group.
-__global__ void planes_kernel(const float* x, int64_t in, int8_t* planes, float* gexp, float* xsum) {
+__global__ void planes_kernel(const float* x, int64_t in, int8_t* planes, float* gexp,
+                              float* xsum) {
   const int64_t group = blockIdx.x * int64_t(blockDim.x / 32) + threadIdx.x / 32;
   if (group < in / 64) write_group_planes(x, group, planes, gexp, xsum);
 }
 
 __device__ __forceinline__ uint2 load_codes(const uint32_t* p) {
   uint2 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(v.x), "=r"(v.y) : "l"(p));
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];"
+               : "=r"(v.x), "=r"(v.y)
+               : "l"(p));
   return v;
 }
 
-__device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                       uint32_t b0, uint32_t b1) {
+__device__ __forceinline__ void mma_s8(int (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                       uint32_t a3, uint32_t b0, uint32_t b1) {
   asm volatile(
       "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
       "{%0,%1,%2,%3};"
@@ -127,9 +131,9 @@ __device__ __forceinline__ void stage_planes(const float* x, int64_t G, int8_t* 
 // trip's weight loads, then turns x into planes (in the block, no separate launch), so the
 // two latencies overlap.
 template <int KSPLIT, int TILES, int U, bool IN_BLOCK>
-__global__ void __launch_bounds__(KSPLIT * TILES * 32) mma_gemv_kernel(
-    QuantMatrix w, int64_t rows, const float* x, const int8_t* planes, const float* gexp,
-    const float* xsum, float* y) {
+__global__ void __launch_bounds__(KSPLIT* TILES * 32)
+    mma_gemv_kernel(QuantMatrix w, int64_t rows, const float* x, const int8_t* planes,
+                    const float* gexp, const float* xsum, float* y) {
   extern __shared__ uint32_t smem[];
   const int64_t G = w.in / 64;
   uint32_t* frag = smem;                                                   // [G][2][3][4][2] words
@@ -193,8 +197,8 @@ __global__ void __launch_bounds__(KSPLIT * TILES * 32) mma_gemv_kernel(
         const uint32_t* f = frag + ((gi * 2 + h) * kPlanes + (plane_lane ? g : 0)) * 8 + 2 * c;
         const uint32_t b0 = plane_lane ? f[0] : 0u;
         const uint32_t b1 = plane_lane ? f[1] : 0u;
-        mma_s8(d, wa & 0x0F0F0F0Fu, wb & 0x0F0F0F0Fu, (wa >> 4) & 0x0F0F0F0Fu, (wb >> 4) & 0x0F0F0F0Fu,
-               b0, b1);
+        mma_s8(d, wa & 0x0F0F0F0Fu, wb & 0x0F0F0F0Fu, (wa >> 4) & 0x0F0F0F0Fu,
+               (wb >> 4) & 0x0F0F0F0Fu, b0, b1);
       }
       const float e = sexp[gi];
       const float va = fmaf(static_cast<float>(d[0]), wlo, static_cast<float>(d[1]) * whi);
@@ -230,8 +234,9 @@ void mma_gemv(const QuantMatrix& w, int64_t rows, const float* x, const int8_t* 
   const int64_t G = w.in / 64;
   const size_t bytes = size_t(G) * 2 * kPlanes * 4 * 2 * 4 + 2 * size_t(G) * 4 + kW * 16 * 4;
   const int64_t tiles = rows / 16;
-  mma_gemv_kernel<KSPLIT, TILES, U, IN_BLOCK><<<unsigned((tiles + TILES - 1) / TILES), kW * 32, bytes, s>>>(
-      w, rows, x, planes, gexp, xsum, y);
+  mma_gemv_kernel<KSPLIT, TILES, U, IN_BLOCK>
+      <<<unsigned((tiles + TILES - 1) / TILES), kW * 32, bytes, s>>>(w, rows, x, planes, gexp, xsum,
+                                                                     y);
 }
 
 void planes(const float* x, int64_t in, int8_t* pl, float* gexp, float* xsum, cudaStream_t s) {
@@ -243,9 +248,9 @@ void planes(const float* x, int64_t in, int8_t* pl, float* gexp, float* xsum, cu
 // with 16-byte loads, U in flight per thread, nothing computed but an XOR kept from the
 // compiler. Its time is what any kernel streaming these bytes in one launch can approach.
 template <int U>
-__global__ void __launch_bounds__(256) read_only_kernel(const uint4* codes, int64_t n_codes,
-                                                        const uint4* scales, const uint4* biases,
-                                                        int64_t n_groups, uint32_t* sink) {
+__global__ void __launch_bounds__(256)
+    read_only_kernel(const uint4* codes, int64_t n_codes, const uint4* scales, const uint4* biases,
+                     int64_t n_groups, uint32_t* sink) {
   uint32_t acc = 0;
   const int64_t stride = int64_t(gridDim.x) * blockDim.x;
   const int64_t first = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -304,7 +309,8 @@ void run_shape(const char* name, int64_t rows, int64_t in, cudaStream_t raw) {
   const Stream s{raw, /*pdl=*/true, /*pdl_launches=*/nullptr};
   constexpr int kCopies = 8;  // 8 distinct weight copies per graph: they stream from DRAM
   std::vector<QuantMatrix> ws;
-  for (int i = 0; i < kCopies; ++i) ws.push_back(matrix(4, 1, rows, in, 77u * uint64_t(i + 1), 0.01f));
+  for (int i = 0; i < kCopies; ++i)
+    ws.push_back(matrix(4, 1, rows, in, 77u * uint64_t(i + 1), 0.01f));
   std::vector<float> hx(static_cast<size_t>(in));
   for (int64_t k = 0; k < in; ++k) {
     // Mixed magnitudes: every 13th value 30x larger, some tiny, as after a norm with outliers.
@@ -334,11 +340,17 @@ void run_shape(const char* name, int64_t rows, int64_t in, cudaStream_t raw) {
   LILY_CUDA_CHECK(cudaStreamSynchronize(raw));
   LILY_CUDA_CHECK(cudaGetLastError());
   const std::vector<double> ref = reference(ws[0], rows, hx);
-  std::printf("%s (%lld x %lld, KSPLIT %d, TILES %d, U %d): max |y - ref| / max |ref|: CUDA cores %.3g, tensor cores %.3g\n",
-              name, (long long)rows, (long long)in, KSPLIT, TILES, U, max_error(ref, y_core, rows),
-              max_error(ref, y_mma, rows));
-  const cudaGraphExec_t g_core = capture(raw, [&] { for (auto& w : ws) core(w); });
-  const cudaGraphExec_t g_tensor = capture(raw, [&] { for (auto& w : ws) tensor(w); });
+  std::printf(
+      "%s (%lld x %lld, KSPLIT %d, TILES %d, U %d): max |y - ref| / max |ref|: CUDA cores %.3g, "
+      "tensor cores %.3g\n",
+      name, (long long)rows, (long long)in, KSPLIT, TILES, U, max_error(ref, y_core, rows),
+      max_error(ref, y_mma, rows));
+  const cudaGraphExec_t g_core = capture(raw, [&] {
+    for (auto& w : ws) core(w);
+  });
+  const cudaGraphExec_t g_tensor = capture(raw, [&] {
+    for (auto& w : ws) tensor(w);
+  });
   const cudaGraphExec_t g_mma_only = capture(raw, [&] {
     for (auto& w : ws) mma_gemv<KSPLIT, TILES, U, false>(w, rows, x, pl, gexp, xsum, y_mma, raw);
   });
@@ -348,21 +360,29 @@ void run_shape(const char* name, int64_t rows, int64_t in, cudaStream_t raw) {
   LILY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const auto read_only = [&](const QuantMatrix& w, int blocks_per_sm) {
     read_only_kernel<4><<<unsigned(sms * blocks_per_sm), 256, 0, raw>>>(
-        reinterpret_cast<const uint4*>(w.codes), rows * in / 32, reinterpret_cast<const uint4*>(w.scales),
-        reinterpret_cast<const uint4*>(w.biases), rows * in / 64 / 8, sink);
+        reinterpret_cast<const uint4*>(w.codes), rows * in / 32,
+        reinterpret_cast<const uint4*>(w.scales), reinterpret_cast<const uint4*>(w.biases),
+        rows * in / 64 / 8, sink);
   };
-  const cudaGraphExec_t g_read4 = capture(raw, [&] { for (auto& w : ws) read_only(w, 4); });
-  const cudaGraphExec_t g_read8 = capture(raw, [&] { for (auto& w : ws) read_only(w, 8); });
+  const cudaGraphExec_t g_read4 = capture(raw, [&] {
+    for (auto& w : ws) read_only(w, 4);
+  });
+  const cudaGraphExec_t g_read8 = capture(raw, [&] {
+    for (auto& w : ws) read_only(w, 8);
+  });
   for (int round = 0; round < 2; ++round) {
     const float a = time_graph(g_core, raw, 50) / kCopies;
     const float b = time_graph(g_tensor, raw, 50) / kCopies;
     const float c = time_graph(g_mma_only, raw, 50) / kCopies;
     const float r4 = time_graph(g_read4, raw, 50) / kCopies;
     const float r8 = time_graph(g_read8, raw, 50) / kCopies;
-    std::printf("  round %d: reading the bytes alone %.2f us (%.2f TB/s) at 4 blocks an SM, %.2f us at 8\n",
-                round, r4, mb / r4, r8);
-    std::printf("  round %d: CUDA cores %.2f us (%.2f TB/s); tensor cores, planes in the block %.2f us (%.2f TB/s), planes given %.2f us\n",
-                round, a, mb / a, b, mb / b, c);  // MB per us = TB/s
+    std::printf(
+        "  round %d: reading the bytes alone %.2f us (%.2f TB/s) at 4 blocks an SM, %.2f us at 8\n",
+        round, r4, mb / r4, r8);
+    std::printf(
+        "  round %d: CUDA cores %.2f us (%.2f TB/s); tensor cores, planes in the block %.2f us "
+        "(%.2f TB/s), planes given %.2f us\n",
+        round, a, mb / a, b, mb / b, c);  // MB per us = TB/s
   }
 }
 

@@ -25,7 +25,8 @@ constexpr int kLayers = 8;  // 8 x ~420 MB: each graph replay streams weights fr
 // Reads n floats (the L2 flush of the timeline states) and keeps the sum so it is not elided.
 __global__ void sum_f32(const float* p, int64_t n, float* sink) {
   float acc = 0.0f;
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
     acc += p[i];
   }
   if (acc == 12345.0f) *sink = acc;
@@ -129,7 +130,8 @@ int main() {
                                         "swiglu", "barrier2", "stage", "down"};
   float* saved_residual = dev<float>(H);
   float* saved_delta = dev<float>(H);
-  LILY_CUDA_CHECK(cudaMemcpy(saved_residual, residual, H * sizeof(float), cudaMemcpyDeviceToDevice));
+  LILY_CUDA_CHECK(
+      cudaMemcpy(saved_residual, residual, H * sizeof(float), cudaMemcpyDeviceToDevice));
   LILY_CUDA_CHECK(cudaMemcpy(saved_delta, delta, H * sizeof(float), cudaMemcpyDeviceToDevice));
   const int64_t flush_floats = int64_t(64) << 20;  // 256 MB, five times L2
   float* flush = dev<float>(flush_floats);
@@ -138,8 +140,8 @@ int main() {
   const auto restore = [&] {
     LILY_CUDA_CHECK(cudaMemcpyAsync(residual, saved_residual, H * sizeof(float),
                                     cudaMemcpyDeviceToDevice, raw));
-    LILY_CUDA_CHECK(cudaMemcpyAsync(delta, saved_delta, H * sizeof(float),
-                                    cudaMemcpyDeviceToDevice, raw));
+    LILY_CUDA_CHECK(
+        cudaMemcpyAsync(delta, saved_delta, H * sizeof(float), cudaMemcpyDeviceToDevice, raw));
   };
   MoeLayerParams traced = layers[0];
   traced.timeline = timeline;

@@ -239,11 +239,12 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, KvCa
           };
           for (int64_t j0 = b0; j0 < b0 + block_count && j0 <= last; j0 += kTile) {
             const int64_t count = std::min(kTile, last + 1 - j0);
+            // Keys in pairs: each query chunk loaded once for two.
             int64_t j = j0;
-            for (; j + 1 < j0 + count; j += 2) {  // keys in pairs: each query chunk loaded once for two
+            for (; j + 1 < j0 + count; j += 2) {
               float dots0[kMaxGroup], dots1[kMaxGroup];
-              cpu::dot_heads_pair(q, 2 * D, heads, keys + (j - b0) * step, keys + (j + 1 - b0) * step,
-                                  D, dots0, dots1);
+              cpu::dot_heads_pair(q, 2 * D, heads, keys + (j - b0) * step,
+                                  keys + (j + 1 - b0) * step, D, dots0, dots1);
               record(j, dots0);
               record(j + 1, dots1);
             }
@@ -258,7 +259,8 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, KvCa
       for (int64_t t = t_begin; t < t_end; ++t) {
         const int64_t last = start_pos + t;
         for (int64_t g = 0; g < heads; ++g) {
-          float* s = scores.data() + static_cast<size_t>(t - t_begin) * token_stride + static_cast<size_t>(g) * stride;
+          float* s = scores.data() + static_cast<size_t>(t - t_begin) * token_stride +
+                     static_cast<size_t>(g) * stride;
           float& sum = total[t - t_begin][g];
           sum = 0.0f;
           for (int64_t j = 0; j <= last; ++j) {
@@ -275,17 +277,19 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, KvCa
         const float* values = rows(v_view, kvh, b0, block_count, &step);
         for (int64_t t = t_begin; t < t_end; ++t) {
           const int64_t last = start_pos + t;
-          const float* token_scores = scores.data() + static_cast<size_t>(t - t_begin) * token_stride;
+          const float* token_scores =
+              scores.data() + static_cast<size_t>(t - t_begin) * token_stride;
           for (int64_t j0 = b0; j0 < b0 + block_count && j0 <= last; j0 += kTile) {
             const int64_t count = std::min(kTile, last + 1 - j0);
             float weights[kMaxGroup][kTile];  // head g's softmax weights of this tile's values
             for (int64_t g = 0; g < heads; ++g) {
               const float* s = token_scores + static_cast<size_t>(g) * stride;
-              for (int64_t j = j0; j < j0 + count; ++j) weights[g][j - j0] = s[j] / total[t - t_begin][g];
+              for (int64_t j = j0; j < j0 + count; ++j)
+                weights[g][j - j0] = s[j] / total[t - t_begin][g];
             }
             // Every head of the group over the tile at once: each value row loaded once for all.
-            cpu::axpy_rows_heads(&weights[0][0], kTile, heads, count, values + (j0 - b0) * step, step,
-                                 out + (t * dims.q_heads + h0) * D, D, D);
+            cpu::axpy_rows_heads(&weights[0][0], kTile, heads, count, values + (j0 - b0) * step,
+                                 step, out + (t * dims.q_heads + h0) * D, D, D);
           }
         }
       }

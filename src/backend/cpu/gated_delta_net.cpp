@@ -70,7 +70,8 @@ LILY_CPU_CLONES void conv_block_tokens(const float* x, int64_t stride, const flo
     for (int64_t c = 0; c < width; ++c) o[c] = cpu::silu(acc[c]);
     // The history moves up one row, the input becomes its newest.
     for (int64_t j = 0; j + 1 < K - 1; ++j) {
-      std::copy(history + (j + 1) * kConvBlock, history + (j + 1) * kConvBlock + width, history + j * kConvBlock);
+      std::copy(history + (j + 1) * kConvBlock, history + (j + 1) * kConvBlock + width,
+                history + j * kConvBlock);
     }
     if (K > 1) std::copy(input, input + width, history + (K - 2) * kConvBlock);
   }
@@ -159,7 +160,8 @@ void CpuBackend::conv1d_silu(const float* mixed, float* window, const DenseView&
   // gives each token the bits of its decode step. An input row is copied into the block's
   // history before the token's output row is written, so out may even be mixed.
   pool_.parallel_for((C + kConvBlock - 1) / kConvBlock, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> taps, history;  // f32 [K, kConvBlock] each (history: K-1 rows used)
+    thread_local std::vector<float> taps,
+        history;  // f32 [K, kConvBlock] each (history: K-1 rows used)
     taps.resize(static_cast<size_t>(K * kConvBlock));
     history.resize(static_cast<size_t>(K * kConvBlock));
     for (int64_t block = begin; block < end; ++block) {
@@ -167,15 +169,18 @@ void CpuBackend::conv1d_silu(const float* mixed, float* window, const DenseView&
       const int64_t width = std::min(kConvBlock, C - c0);
       for (int64_t j = 0; j < K; ++j) {
         for (int64_t c = 0; c < width; ++c) {
-          taps[static_cast<size_t>(j * kConvBlock + c)] = cpu::dense_value(weight, (c0 + c) * K + j);
+          taps[static_cast<size_t>(j * kConvBlock + c)] =
+              cpu::dense_value(weight, (c0 + c) * K + j);
         }
       }
       for (int64_t j = 0; j < K - 1; ++j) {
-        std::copy(window + j * C + c0, window + j * C + c0 + width, history.data() + j * kConvBlock);
+        std::copy(window + j * C + c0, window + j * C + c0 + width,
+                  history.data() + j * kConvBlock);
       }
       conv_block_tokens(mixed + c0, C, taps.data(), history.data(), K, width, n, out + c0);
       for (int64_t j = 0; j < K - 1; ++j) {
-        std::copy(history.data() + j * kConvBlock, history.data() + j * kConvBlock + width, window + j * C + c0);
+        std::copy(history.data() + j * kConvBlock, history.data() + j * kConvBlock + width,
+                  window + j * C + c0);
       }
     }
   });

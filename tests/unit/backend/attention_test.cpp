@@ -219,8 +219,10 @@ TEST(BackendAttention, PrefillEqualsOneTokenStepsBitForBit) {
         const auto q_row = static_cast<size_t>(d.q_heads * 2 * d.head_dim);
         const auto out_row = static_cast<size_t>(d.q_heads * d.head_dim);
         const auto elements = static_cast<size_t>(kCapacity) * row;
-        std::vector<float> qg = rng.uniform_vector(static_cast<size_t>(kCapacity) * q_row, -1.0f, 1.0f);
-        const std::vector<float> k = rng.uniform_vector(static_cast<size_t>(kCapacity) * row, -1.0f, 1.0f);
+        std::vector<float> qg =
+            rng.uniform_vector(static_cast<size_t>(kCapacity) * q_row, -1.0f, 1.0f);
+        const std::vector<float> k =
+            rng.uniform_vector(static_cast<size_t>(kCapacity) * row, -1.0f, 1.0f);
         const std::vector<float> v = rng.uniform_vector(k.size(), -2.0f, 2.0f);
         for (size_t i = 80 * q_row; i < 90 * q_row; ++i) qg[i] *= 30.0f;
         const KvCacheView pk = be->alloc_kv_cache(elements, dtype, d.head_dim);
@@ -239,7 +241,8 @@ TEST(BackendAttention, PrefillEqualsOneTokenStepsBitForBit) {
           be->attention(qg.data() + s * q_row, k.data() + s * row, v.data() + s * row, sk, sv,
                         kCapacity, d, t, 1, stepped.data() + s * out_row);
         }
-        const std::string label = dims_label(d) + " " + kv_dtype_name(dtype) + " threads=" + std::to_string(threads);
+        const std::string label =
+            dims_label(d) + " " + kv_dtype_name(dtype) + " threads=" + std::to_string(threads);
         for (size_t i = 0; i < chunked.size(); ++i) {
           ASSERT_EQ(std::memcmp(&chunked[i], &stepped[i], sizeof(float)), 0)
               << label << ": token " << i / out_row << " element " << i % out_row << ": "

@@ -102,7 +102,8 @@ TEST(BackendConv1dSilu, SplitCallsEqualOneCall) {
 // whole blocks), 152 (a 24-channel tail), and 66 with kernel 5 (a 2-channel tail, a longer
 // history).
 TEST(BackendConv1dSilu, OneTokenCallsEqualOneCall) {
-  for (const GatedDeltaNetDims& d : {dims(), GatedDeltaNetDims{2, 4, 24, 14, 4}, GatedDeltaNetDims{1, 2, 20, 13, 5}}) {
+  for (const GatedDeltaNetDims& d :
+       {dims(), GatedDeltaNetDims{2, 4, 24, 14, 4}, GatedDeltaNetDims{1, 2, 20, 13, 5}}) {
     Rng rng(63);
     auto be = cpu(2);
     const auto C = static_cast<long>(d.channels());
@@ -115,8 +116,8 @@ TEST(BackendConv1dSilu, OneTokenCallsEqualOneCall) {
     const std::vector<float> one = whole.step(mixed, 9, label + " one call n=9");
     std::vector<float> tokens;
     for (long t = 0; t < 9; ++t) {
-      const std::vector<float> o = steps.step({mixed.begin() + t * C, mixed.begin() + (t + 1) * C}, 1,
-                                              label + " token " + std::to_string(t));
+      const std::vector<float> o = steps.step({mixed.begin() + t * C, mixed.begin() + (t + 1) * C},
+                                              1, label + " token " + std::to_string(t));
       tokens.insert(tokens.end(), o.begin(), o.end());
     }
     EXPECT_EQ(tokens, one) << label;
