@@ -12,7 +12,8 @@ for deb in .deps/debs/*.deb; do dpkg -x "$deb" .deps/root; done
 rm -rf .deps/debs && mkdir -p .deps/debs
 (cd .deps/debs && apt-get download libboost1.81-dev)
 grep -qx '/.deps/' .git/info/exclude 2>/dev/null || echo '/.deps/' >> .git/info/exclude
-# llama.cpp's source and the GGUF writer (../shared/peers), for run.sh's vs-llamacpp stage.
-if [ -d ../shared/peers ]; then
-  mkdir -p .deps/peers && cp ../shared/peers/llama.cpp-*.tar.xz ../shared/peers/synth_qwen35moe_gguf.py .deps/peers/
+# For run.sh's vs-llamacpp stage: llama.cpp's source tarball and the GGUF writer of this
+# model's shape, from the directory LILY_PEERS names (nothing of them is in this repository).
+if [ -n "${LILY_PEERS:-}" ]; then
+  mkdir -p .deps/peers && cp "$LILY_PEERS"/llama.cpp-*.tar.xz "$LILY_PEERS"/synth_qwen35moe_gguf.py .deps/peers/
 fi
