@@ -54,7 +54,8 @@ int64_t resolve_position(SeqPos pos, const char* op) {
   return position;
 }
 
-// Keys (values) per tile of the attention loops, and the most query heads one item serves.
+// Values per tile of the weighted sum (one axpy_rows_heads call), and the most query heads one
+// item serves.
 constexpr int64_t kTile = 8;
 constexpr int64_t kMaxGroup = 16;
 // Tokens per item of the prefill, and keys (values) per block that the item's tokens share:
@@ -65,6 +66,7 @@ constexpr int64_t kMaxGroup = 16;
 // tokens: 239-265, 232-270, 219-245). The dot loop's stalls were on its key loads.
 constexpr int64_t kItemTokens = 8;
 constexpr int64_t kBlock = 64;
+static_assert(kBlock % kTile == 0 && kBlock % 2 == 0, "blocks start at tile and key-pair starts");
 
 // dst[i] = the bf16 nearest src[i] (ties to even: core/bf16.h, the bits CUDA stores).
 LILY_CPU_CLONES void round_rows_to_bf16(const float* src, int64_t count, uint16_t* dst) {
@@ -178,8 +180,8 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, KvCa
   // The pool hands each thread one contiguous range of items, and a causal token's work grows
   // with its position: items walk the token groups from both ends (0, last, 1, last - 1, ...)
   // so every range holds as many long rows as short ones. Each (token, head) is computed alone:
-  // the same calls on the same keys in the same order (tiles of kTile from key 0, in pairs)
-  // whatever the grouping of tokens or heads, so neither changes a bit.
+  // the same calls on the same keys in the same order (keys in pairs from key 0, values in
+  // tiles of kTile) whatever the grouping of tokens or heads, so neither changes a bit.
   pool_.parallel_for(token_groups * per_slot, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scores;  // [item_tokens, heads, start_pos + n]
     thread_local std::vector<float> block;   // bf16, int8: one block widened, [kBlock, head_dim]
@@ -237,22 +239,21 @@ void CpuBackend::attention(const float* qg, const float* k, const float* v, KvCa
               token_max[g] = std::max(token_max[g], s[j]);
             }
           };
-          for (int64_t j0 = b0; j0 < b0 + block_count && j0 <= last; j0 += kTile) {
-            const int64_t count = std::min(kTile, last + 1 - j0);
-            // Keys in pairs: each query chunk loaded once for two.
-            int64_t j = j0;
-            for (; j + 1 < j0 + count; j += 2) {
-              float dots0[kMaxGroup], dots1[kMaxGroup];
-              cpu::dot_heads_pair(q, 2 * D, heads, keys + (j - b0) * step,
-                                  keys + (j + 1 - b0) * step, D, dots0, dots1);
-              record(j, dots0);
-              record(j + 1, dots1);
-            }
-            if (j < j0 + count) {
-              float dots[kMaxGroup];
-              cpu::dot_heads(q, 2 * D, heads, keys + (j - b0) * step, D, dots);
-              record(j, dots);
-            }
+          // Keys in pairs from the block's start (a multiple of kBlock, so of 2): the same pairs
+          // as one token alone, each query chunk loaded once for two; a lone last key alone.
+          const int64_t j_end = std::min(last + 1, b0 + block_count);
+          int64_t j = b0;
+          for (; j + 1 < j_end; j += 2) {
+            float dots0[kMaxGroup], dots1[kMaxGroup];
+            cpu::dot_heads_pair(q, 2 * D, heads, keys + (j - b0) * step, keys + (j + 1 - b0) * step,
+                                D, dots0, dots1);
+            record(j, dots0);
+            record(j + 1, dots1);
+          }
+          if (j < j_end) {
+            float dots[kMaxGroup];
+            cpu::dot_heads(q, 2 * D, heads, keys + (j - b0) * step, D, dots);
+            record(j, dots);
           }
         }
       }

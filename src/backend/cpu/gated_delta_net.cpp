@@ -160,8 +160,8 @@ void CpuBackend::conv1d_silu(const float* mixed, float* window, const DenseView&
   // gives each token the bits of its decode step. An input row is copied into the block's
   // history before the token's output row is written, so out may even be mixed.
   pool_.parallel_for((C + kConvBlock - 1) / kConvBlock, [&](int64_t begin, int64_t end) {
-    thread_local std::vector<float> taps,
-        history;  // f32 [K, kConvBlock] each (history: K-1 rows used)
+    // f32 [K, kConvBlock] each (history: K-1 rows used).
+    thread_local std::vector<float> taps, history;
     taps.resize(static_cast<size_t>(K * kConvBlock));
     history.resize(static_cast<size_t>(K * kConvBlock));
     for (int64_t block = begin; block < end; ++block) {
